@@ -1,0 +1,1 @@
+"""Core of reasonctl: the plugin contract, config, runner and checkpoints. Imports no plugin."""

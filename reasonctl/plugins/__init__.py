@@ -1,0 +1,1 @@
+"""First-party plugins, discovered through entry points like any third-party plugin."""

@@ -1,0 +1,1 @@
+"""Programmatic API beyond the top-level functions."""
