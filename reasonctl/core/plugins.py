@@ -69,6 +69,10 @@ class PluginHost:
     runs in one process never see each other's ad-hoc plugins.
     """
 
+    scoped_plugins: list[tuple[Any, str]] = []
+    """Plugins added to every host created by :meth:`load` (managed by the testing kit's
+    ``register_plugin`` fixture, which removes them when the test ends)."""
+
     def __init__(self, *, strict: bool = False, disabled: Iterable[str] = ()) -> None:
         self.pm = pluggy.PluginManager(PROJECT)
         self.pm.add_hookspecs(hookspecs)
@@ -97,6 +101,8 @@ class PluginHost:
         )
         if entry_points:
             host.load_entry_points()
+        for plugin, name in cls.scoped_plugins:
+            host.add_plugin(plugin, name=name)
         return host
 
     # --- loading --------------------------------------------------------------------------
