@@ -1,1 +1,1 @@
-"""reasonctl."""
+"""The reasonctl command line (typer)."""

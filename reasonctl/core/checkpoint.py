@@ -48,7 +48,9 @@ class CheckpointManager:
         """The final directory of the checkpoint at ``step``."""
         return self.root / f"step_{step}"
 
-    def save(self, step: int, write_state: Callable[[Path], None], manifest: dict[str, Any]) -> Path:
+    def save(
+        self, step: int, write_state: Callable[[Path], None], manifest: dict[str, Any]
+    ) -> Path:
         """Write a checkpoint collectively and return its final directory.
 
         ``write_state(directory)`` is called on every rank (the backend's distributed save);

@@ -169,7 +169,9 @@ class Algorithm(Protocol):
 class RolloutEngine(Protocol):
     """Generates completions for prompts with the current policy weights."""
 
-    def generate(self, prompts: Sequence[dict[str, Any]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(
+        self, prompts: Sequence[dict[str, Any]], params: SamplingParams
+    ) -> list[list[Completion]]:
         """Sample ``params.n`` completions for each encoded prompt.
 
         Each prompt is a dict with at least ``input_ids`` (list[int]) and, for VLMs, the

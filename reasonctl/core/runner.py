@@ -209,7 +209,7 @@ def _build_loggers(ctx: RunContext) -> list[Logger]:
 
 def _loop(ctx: RunContext, algorithm: Algorithm, loggers: list[Logger], uploader: Any) -> Metrics:
     assert ctx.backend is not None and ctx.checkpoints is not None
-    backend, config = ctx.backend, ctx.config
+    config = ctx.config
     stop = StopRequest()
     metrics: Metrics = {}
     every = config.checkpoint.every_steps
@@ -224,7 +224,8 @@ def _loop(ctx: RunContext, algorithm: Algorithm, loggers: list[Logger], uploader
                 for logger in loggers:
                     logger.log(metrics, ctx.step)
             stop_now = _agreed_stop(ctx, stop)
-            if (every and ctx.step % every == 0) or (stop_now and config.run.on_signal == "checkpoint"):
+            on_signal = stop_now and config.run.on_signal == "checkpoint"
+            if (every and ctx.step % every == 0) or on_signal:
                 _save_checkpoint(ctx, algorithm, uploader)
             if stop_now:
                 ctx.state["stop_signal"] = stop.signal_name or "signal"

@@ -1,0 +1,321 @@
+"""The ``reasonctl`` command line.
+
+Commands import heavy packages (torch, transformers) inside their bodies, so ``--help``,
+``plugins`` and ``config`` stay fast. Exit codes: 0 success, 1 run failure, 2 usage or
+configuration error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from reasonctl.cli import common
+from reasonctl.cli.common import ConfigOption, SetOption, console, fail, handle_errors
+from reasonctl.core.plugins import PluginHost, env_flag
+
+PLUGINS_PANEL = "Plugins"
+
+
+def _version_callback(value: bool) -> None:
+    if not value:
+        return
+    from importlib import metadata
+
+    from reasonctl import __version__
+
+    typer.echo(f"reasonctl {__version__}")
+    host = common.host()
+    dists = sorted({(r.distribution, r.version) for r in host.records if r.distribution})
+    for dist, version in dists:
+        if dist != "reasonctl":
+            typer.echo(f"  plugin distribution: {dist} {version}")
+    typer.echo(f"  python {sys.version.split()[0]}, pydantic {metadata.version('pydantic')}, "
+               f"pluggy {metadata.version('pluggy')}")
+    raise typer.Exit()
+
+
+def build_app(host: PluginHost) -> typer.Typer:
+    """The Typer application with built-in and plugin commands."""
+    app = typer.Typer(
+        name="reasonctl",
+        help="Post-train reasoning models: SFT and GRPO-family RL, extensible with plugins.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode="rich",
+    )
+
+    @app.callback()
+    def root(
+        version: Annotated[
+            bool,
+            typer.Option("--version", callback=_version_callback, is_eager=True,
+                         help="Show the version and installed plugin distributions."),
+        ] = False,
+        strict_plugins: Annotated[
+            bool,
+            typer.Option("--strict-plugins",
+                         help="Fail when any plugin cannot be loaded "
+                              "(also REASONCTL_STRICT_PLUGINS=1)."),
+        ] = False,
+    ) -> None:
+        """reasonctl: post-training for reasoning models."""
+
+    app.command("run")(run_command)
+    app.command("plugins")(plugins_command)
+    app.add_typer(_config_app(), name="config", help="Show, validate or describe the config.")
+    app.command("env")(env_command)
+    app.command("eval")(eval_command)
+    app.command("infer")(infer_command)
+    app.command("export")(export_command)
+    _add_plugin_commands(app, host)
+    return app
+
+
+def _add_plugin_commands(app: typer.Typer, host: PluginHost) -> None:
+    plugin_app = typer.Typer()
+    host.add_commands(plugin_app)
+    for command in plugin_app.registered_commands:
+        command.rich_help_panel = PLUGINS_PANEL
+        app.registered_commands.append(command)
+    for group in plugin_app.registered_groups:
+        group.rich_help_panel = PLUGINS_PANEL
+        app.registered_groups.append(group)
+
+
+# --- run -----------------------------------------------------------------------------------
+
+
+@handle_errors
+def run_command(
+    algo: Annotated[str | None, typer.Option("--algo", help="Algorithm (algorithm.name).")] = None,
+    backend: Annotated[
+        str | None, typer.Option("--backend", help="Parallelism backend (backend.name).")
+    ] = None,
+    config: ConfigOption = None,
+    set_: SetOption = None,
+    output_dir: Annotated[
+        str | None, typer.Option("--output-dir", help="run.output_dir (used exactly as given).")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Resume from the newest complete checkpoint.")
+    ] = False,
+    nproc_per_node: Annotated[
+        int, typer.Option("--nproc-per-node", min=1, help="Processes per node (torch elastic).")
+    ] = 1,
+    nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Number of nodes.")] = 1,
+    node_rank: Annotated[int, typer.Option("--node-rank", min=0, help="This node's rank.")] = 0,
+    rdzv_endpoint: Annotated[
+        str | None,
+        typer.Option("--rdzv-endpoint", help="HOST:PORT of the rendezvous (multi-node)."),
+    ] = None,
+) -> None:
+    """Train: SFT, GRPO or any installed algorithm, as configured."""
+    values = common.flag_values(algo=algo, backend=backend, output_dir=output_dir, resume=resume)
+    cfg = common.load(config, set_, values)
+    launched = nproc_per_node > 1 or nnodes > 1
+    if launched and cfg.backend.name == "single":
+        fail("the 'single' backend runs one process; use --backend fsdp (or megatron) with "
+             "--nproc-per-node > 1", code=2)
+    if launched and not common.inside_launcher():
+        from reasonctl.cli.launch import launch_elastic
+
+        forwarded = common.forwarded_run_args(algo, backend, config, set_, output_dir, resume)
+        raise typer.Exit(launch_elastic(forwarded, nproc_per_node, nnodes, node_rank,
+                                        rdzv_endpoint))
+    from reasonctl.core.runner import run
+
+    result = run(cfg, host=common.host())
+    common.report_result(result)
+
+
+# --- plugins -------------------------------------------------------------------------------
+
+
+@handle_errors
+def plugins_command(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    show_all: Annotated[
+        bool, typer.Option("--all", help="Include descriptions and error tracebacks.")
+    ] = False,
+) -> None:
+    """List installed plugins, their components and load errors."""
+    host = common.host()
+    plugins = host.describe()
+    if show_all:
+        specs = {(s.owner.name, s.kind, s.name): s for s in host.registry.all()}
+        for item, record in zip(plugins, host.records, strict=True):
+            item["traceback"] = record.traceback or None
+            item["descriptions"] = {
+                f"{kind}:{name}": specs[(item["name"], kind, name)].description
+                for kind, names in item["components"].items() for name in names
+            }
+    if as_json:
+        components: dict[str, list[dict[str, Any]]] = {}
+        for spec in host.registry.all():
+            components.setdefault(spec.kind, []).append(
+                {"name": spec.name, "plugin": spec.owner.name,
+                 "distribution": spec.owner.distribution, "version": spec.owner.version,
+                 "description": spec.description}
+            )
+        typer.echo(json.dumps({"plugins": plugins, "components": components}, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title="reasonctl plugins")
+    for column in ("plugin", "distribution", "status", "components"):
+        table.add_column(column)
+    for item in plugins:
+        comps = "; ".join(f"{k}: {', '.join(v)}" for k, v in item["components"].items())
+        dist = f"{item['distribution']} {item['version']}" if item["distribution"] else "-"
+        status = {"ok": "[green]ok[/]", "error": "[red]error[/]"}.get(item["status"], "disabled")
+        table.add_row(item["name"], dist, status, comps or item.get("error") or "")
+    console.print(table)
+    for record in host.errors:
+        console.print(f"[red]error[/] {record.error}")
+        if show_all:
+            console.print(record.traceback, markup=False, highlight=False)
+
+
+# --- config --------------------------------------------------------------------------------
+
+
+def _config_app() -> typer.Typer:
+    config_app = typer.Typer(no_args_is_help=True)
+
+    @config_app.command("show")
+    @handle_errors
+    def show(
+        config: ConfigOption = None,
+        set_: SetOption = None,
+        algo: Annotated[str | None, typer.Option("--algo")] = None,
+        backend: Annotated[str | None, typer.Option("--backend")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="JSON instead of TOML.")] = False,
+    ) -> None:
+        """Print the resolved configuration with secrets redacted."""
+        cfg = common.load(config, set_, common.flag_values(algo=algo, backend=backend))
+        if as_json:
+            typer.echo(json.dumps(cfg.to_dict(redact=True), indent=2))
+        else:
+            typer.echo(cfg.to_toml(redact=True))
+
+    @config_app.command("validate")
+    @handle_errors
+    def validate(
+        config: ConfigOption = None,
+        set_: SetOption = None,
+        algo: Annotated[str | None, typer.Option("--algo")] = None,
+        backend: Annotated[str | None, typer.Option("--backend")] = None,
+    ) -> None:
+        """Check the configuration without running; exit 2 listing every problem."""
+        cfg = common.load(config, set_, common.flag_values(algo=algo, backend=backend))
+        typer.echo(f"ok: algorithm={cfg.algorithm.name} backend={cfg.backend.name} "
+                   f"data={cfg.data.format} output_dir={cfg.run.output_dir}")
+
+    @config_app.command("schema")
+    @handle_errors
+    def schema() -> None:
+        """Print the JSON Schema of the config, plugin sections included."""
+        from reasonctl.core.config import build_config_model
+
+        model = build_config_model(common.host().registry)
+        typer.echo(json.dumps(model.model_json_schema(by_alias=True), indent=2))
+
+    return config_app
+
+
+# --- env -----------------------------------------------------------------------------------
+
+
+@handle_errors
+def env_command(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Show versions, CUDA devices and which optional extras are importable."""
+    from reasonctl.cli.environment import collect_environment
+
+    info = collect_environment()
+    if as_json:
+        typer.echo(json.dumps(info, indent=2))
+        return
+    for key, value in info.items():
+        if isinstance(value, dict):
+            typer.echo(f"{key}:")
+            for sub, val in value.items():
+                typer.echo(f"  {sub}: {val}")
+        elif isinstance(value, list):
+            typer.echo(f"{key}: {', '.join(map(str, value)) or 'none'}")
+        else:
+            typer.echo(f"{key}: {value}")
+
+
+# --- commands implemented in their own modules ----------------------------------------------
+
+
+@handle_errors
+def eval_command(
+    model: Annotated[str, typer.Option("--model", help="Model directory or storage URI.")],
+    data: Annotated[str, typer.Option("--data", help="Evaluation data file (jsonl, llava).")],
+    answer_format: Annotated[
+        str, typer.Option("--answer-format", help="letter | reasoning | free")
+    ] = "reasoning",
+    config: ConfigOption = None,
+    set_: SetOption = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", help="Directory for predictions.jsonl.")
+    ] = None,
+    max_samples: Annotated[int | None, typer.Option("--max-samples", min=1)] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+) -> None:
+    """Generate answers for a data set and print accuracy overall and per source."""
+    from reasonctl.cli.eval_cmd import eval_command as implementation
+
+    implementation(model=model, data=data, answer_format=answer_format, config=config,
+                   set_=set_, output=output, max_samples=max_samples, seed=seed)
+
+
+@handle_errors
+def infer_command(
+    model: Annotated[str, typer.Option("--model", help="Model directory or storage URI.")],
+    prompt: Annotated[str, typer.Option("--prompt", help="The user message.")],
+    image: Annotated[Path | None, typer.Option("--image", help="An image file.")] = None,
+    video: Annotated[Path | None, typer.Option("--video", help="A video file.")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 256,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.0,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+) -> None:
+    """Stream one completion for a prompt (optionally with an image or video)."""
+    from reasonctl.cli.infer_cmd import infer_command as implementation
+
+    implementation(model=model, prompt=prompt, image=image, video=video,
+                   max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+
+
+@handle_errors
+def export_command(
+    path: Annotated[Path, typer.Argument(help="An export directory (e.g. RUN/export/final).")],
+    to: Annotated[str, typer.Option("--to", help="Target URI: s3://bucket/prefix, hf://org/repo.")],
+    config: ConfigOption = None,
+    set_: SetOption = None,
+) -> None:
+    """Push an existing export directory to storage."""
+    from reasonctl.cli.export_cmd import export_command as implementation
+
+    implementation(path=path, to=to, config=config, set_=set_)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    strict = "--strict-plugins" in sys.argv[1:] or env_flag("REASONCTL_STRICT_PLUGINS")
+    try:
+        host = common.init_host(strict=strict)
+    except Exception as exc:  # strict mode: a broken plugin is fatal
+        console.print(f"[red]error:[/] {exc}", markup=True, highlight=False)
+        sys.exit(1)
+    app = build_app(host)
+    app()

@@ -1,0 +1,139 @@
+"""Shared pieces of the CLI: options, config loading, error handling, the plugin host."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+
+from reasonctl.core.config import RunConfig, load_config, redact_text
+from reasonctl.core.errors import ConfigError, ReasonctlError, UnknownComponentError
+from reasonctl.core.plugins import PluginHost
+
+console = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+ConfigOption = Annotated[
+    list[str] | None,
+    typer.Option("--config", "-c", help="TOML config file; repeat to deep-merge (later wins)."),
+]
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a key: --set train.lr=1e-5 (TOML literal)."),
+]
+
+_host: PluginHost | None = None
+
+
+def init_host(*, strict: bool) -> PluginHost:
+    """Load plugins once per CLI invocation."""
+    global _host
+    _host = PluginHost.load(strict=strict)
+    return _host
+
+
+def host() -> PluginHost:
+    """The CLI's plugin host (loaded on first use)."""
+    return _host if _host is not None else init_host(strict=False)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print an error and exit with ``code``."""
+    console.print(f"[red]error:[/] {redact_text(message)}", highlight=False)
+    raise typer.Exit(code)
+
+
+def handle_errors(func: F) -> F:
+    """Map exceptions to exit codes: config/usage errors 2, run failures 1."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise
+        except (ConfigError, UnknownComponentError) as exc:
+            fail(str(exc), code=2)
+        except ReasonctlError as exc:
+            fail(str(exc), code=1)
+        except KeyboardInterrupt:
+            fail("interrupted", code=130)
+        except Exception as exc:
+            console.print_exception(show_locals=False, max_frames=12)
+            fail(f"{type(exc).__name__}: {exc}", code=1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def flag_values(**flags: Any) -> dict[str, Any]:
+    """Map CLI flags onto config keys (unset flags are left out)."""
+    values: dict[str, Any] = {}
+    if flags.get("algo"):
+        values.setdefault("algorithm", {})["name"] = flags["algo"]
+    if flags.get("backend"):
+        values.setdefault("backend", {})["name"] = flags["backend"]
+    if flags.get("output_dir"):
+        values.setdefault("run", {})["output_dir"] = flags["output_dir"]
+    if flags.get("resume"):
+        values.setdefault("run", {})["resume"] = True
+    return values
+
+
+def load(config: list[str] | None, set_: list[str] | None, values: dict[str, Any]) -> RunConfig:
+    """Load and validate the config for a command (flags rank between files and --set)."""
+    return load_config(config or [], set_ or [], registry=host().registry, values=values)
+
+
+def inside_launcher() -> bool:
+    """True in a worker started by torch's elastic launcher."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
+
+
+def forwarded_run_args(
+    algo: str | None,
+    backend: str | None,
+    config: list[str] | None,
+    set_: list[str] | None,
+    output_dir: str | None,
+    resume: bool,
+) -> list[str]:
+    """The ``reasonctl run`` arguments each launched worker receives."""
+    args = ["run"]
+    if algo:
+        args += ["--algo", algo]
+    if backend:
+        args += ["--backend", backend]
+    for path in config or []:
+        args += ["--config", path]
+    for item in set_ or []:
+        args += ["--set", item]
+    if output_dir:
+        args += ["--output-dir", output_dir]
+    if resume:
+        args.append("--resume")
+    if "--strict-plugins" in sys.argv:
+        args.insert(0, "--strict-plugins")
+    return args
+
+
+def report_result(result: Any) -> None:
+    """Print the end-of-run summary and exit non-zero when uploads failed."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    lines = [f"run {result.status}: {result.steps} steps, outputs in {result.output_dir}"]
+    if result.export_dir:
+        lines.append(f"exported model: {result.export_dir}")
+    if result.skipped_rows:
+        lines.append(f"skipped {result.skipped_rows} malformed data rows (data.on_bad_row=skip)")
+    for line in lines:
+        console.print(line, highlight=False)
+    if result.upload_failures:
+        for failure in result.upload_failures:
+            console.print(f"[red]upload failed:[/] {redact_text(failure)}", highlight=False)
+        fail("training finished but some uploads failed; the local copies listed above are "
+             "intact — push them later with `reasonctl export PATH --to URI`", code=1)
