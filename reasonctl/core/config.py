@@ -15,11 +15,11 @@ from __future__ import annotations
 import copy
 import json
 import os
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
@@ -228,6 +228,9 @@ class RunConfig(BaseSettings):
         """Each reward entry with its extra keys validated by the reward's config model."""
         out = []
         for entry in self.rewards.components:
+            if ":" in entry.name:  # a module:function path takes no options
+                out.append((entry, None))
+                continue
             spec = registry.get("reward", entry.name)
             out.append((entry, spec.make_config(dict(entry.model_extra or {}))))
         return out
@@ -255,6 +258,10 @@ SECTION_KINDS: dict[str, tuple[str, type[Section]]] = {
     "storage": ("storage", StorageSection),
 }
 """Config section -> (component kind whose config models it holds, base section model)."""
+
+ALWAYS_CHECKED = ("algorithm", "backend")
+"""Selectors checked even at their defaults; others only when the config sets them (the
+component that uses them checks its own default when it builds it)."""
 
 SELECTORS: dict[str, tuple[str, str]] = {
     "algorithm.name": ("algorithm", "algorithm"),
@@ -425,7 +432,7 @@ def component_name_problems(data: Mapping[str, Any], registry: Registry) -> list
         section, key = path.split(".")
         raw = data.get(section, {})
         name = raw.get(key) if isinstance(raw, Mapping) else None
-        if name is None:
+        if name is None and section in ALWAYS_CHECKED:
             name = getattr(getattr(defaults, section), key)
         if isinstance(name, str):
             problems += _check_name(path, kind, name, registry)
@@ -438,7 +445,9 @@ def component_name_problems(data: Mapping[str, Any], registry: Registry) -> list
     components = rewards.get("components") if isinstance(rewards, Mapping) else None
     for index, entry in enumerate(components or []):
         name = entry.get("name") if isinstance(entry, Mapping) else None
-        if isinstance(name, str):
+        if isinstance(name, str) and ":" in name:
+            problems += _check_callable_path(f"rewards.components.{index}.name", name)
+        elif isinstance(name, str):
             problems += _check_name(f"rewards.components.{index}.name", "reward", name, registry)
     return problems
 
@@ -451,11 +460,28 @@ def _check_name(path: str, kind: str, name: str, registry: Registry) -> list[str
     return []
 
 
+def _check_callable_path(path: str, name: str) -> list[str]:
+    from reasonctl.core.rewarding import CallableLoadError, load_callable
+
+    try:
+        load_callable(name)
+    except CallableLoadError as exc:
+        return [f"{path}: {exc}"]
+    return []
+
+
 def _reward_config_problems(config: RunConfig, registry: Registry) -> list[str]:
     problems = []
     for index, entry in enumerate(config.rewards.components):
-        spec = registry.get("reward", entry.name)
         extra = dict(entry.model_extra or {})
+        if ":" in entry.name:
+            problems += [
+                f"rewards.components.{index}.{key}: {entry.name!r} is a module:function reward "
+                "and takes no options (register it from a plugin with a config model instead)"
+                for key in extra
+            ]
+            continue
+        spec = registry.get("reward", entry.name)
         if spec.config_model is None:
             for key in extra:
                 problems.append(

@@ -109,7 +109,7 @@ def run(
         host.add_plugin(_AdhocPlugin(reward_fns, dataset_map), name="sdk")
 
     if isinstance(config, RunConfig):
-        data = config.to_dict(redact=False)
+        data = config.model_dump(mode="json", by_alias=True, exclude_unset=True)
     elif isinstance(config, (str, Path)):
         from reasonctl.core.config import read_toml
 

@@ -1,0 +1,17 @@
+"""Suite-wide settings. Fixtures for tiny models live in the ``reasonctl.testing`` plugin."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """Keep reasonctl's model cache inside the test session's temporary directory."""
+    monkeypatch.setenv("REASONCTL_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
