@@ -1,0 +1,433 @@
+"""From samples to token ids, loss masks and batches.
+
+:class:`ChatProcessor` renders a :class:`~reasonctl.core.types.Sample` with the model's chat
+template and tokenizes it. For SFT only the assistant turns (their content and the token
+that ends the turn) are training targets; for RL and evaluation it encodes the prompt with
+the generation prompt appended. :func:`collate` pads or packs encoded samples into tensors.
+
+Convention shared with the backends: the log-prob at position ``t`` predicts
+``input_ids[t + 1]``, so a loss uses ``loss_mask[:, 1:]``; ``loss_mask[t] == 1`` means
+token ``t`` is a target.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from reasonctl.core.errors import DataError
+from reasonctl.core.types import ContentPart, Message, Sample
+
+if TYPE_CHECKING:
+    from reasonctl.data.vision import VisionProcessor
+
+IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
+
+
+@dataclass
+class EncodedSample:
+    """One tokenized sample.
+
+    ``loss_mask[i] == 1`` when token ``i`` is a training target (same length as
+    ``input_ids``). ``extras`` holds vision tensors (``pixel_values``, ``image_grid_thw``,
+    ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``) whose first
+    dimension concatenates across samples. ``truncated`` tells that the sample was cut to
+    ``max_length``; ``num_prompt_tokens`` is the prompt length for :meth:`encode_prompt`.
+    """
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    truncated: bool = False
+    num_prompt_tokens: int = 0
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """How many tokens are training targets."""
+        return sum(self.loss_mask)
+
+
+class ChatProcessor:
+    """Chat template, tokenization, assistant-only loss masks and vision inputs for a model.
+
+    ``tokenizer_or_processor`` is a Hugging Face tokenizer, or a processor with a
+    ``tokenizer`` and a Qwen2-VL style ``image_processor``. ``vision`` (built by
+    :meth:`from_pretrained` for vision-language models) turns image and video parts into
+    pixel tensors; without it, samples with media are rejected. ``system_prompt`` is added
+    as the first message of samples that have no system message.
+    """
+
+    def __init__(
+        self,
+        tokenizer_or_processor: Any,
+        *,
+        max_length: int,
+        system_prompt: str | None = None,
+        vision: VisionProcessor | None = None,
+    ) -> None:
+        tokenizer = getattr(tokenizer_or_processor, "tokenizer", None) or tokenizer_or_processor
+        if vision is None and hasattr(tokenizer_or_processor, "image_processor"):
+            from reasonctl.data.vision import VisionProcessor
+
+            vision = VisionProcessor.from_image_processor(tokenizer_or_processor.image_processor)
+        if getattr(tokenizer, "chat_template", None) is None:
+            template = getattr(tokenizer_or_processor, "chat_template", None)
+            if template is None:
+                raise ValueError(
+                    f"{type(tokenizer).__name__} has no chat template; use an instruct/chat "
+                    "model or set tokenizer.chat_template before building a ChatProcessor"
+                )
+            tokenizer.chat_template = template
+        if max_length <= 0:
+            raise ValueError(f"max_length must be positive (got {max_length})")
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.system_prompt = system_prompt
+        self.vision = vision
+        self._end_markers = sorted(_special_token_strings(tokenizer), key=len, reverse=True)
+        self._media_token_ids = {
+            i for i in (tokenizer.convert_tokens_to_ids(t) for t in (IMAGE_PAD, VIDEO_PAD))
+            if isinstance(i, int) and i != tokenizer.unk_token_id
+        }
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        max_length: int,
+        system_prompt: str | None = None,
+        trust_remote_code: bool = False,
+    ) -> ChatProcessor:
+        """Load the tokenizer of a model directory (and, for a VLM, its image settings).
+
+        A directory with a ``preprocessor_config.json`` of a Qwen2-VL style image processor
+        gets a :class:`~reasonctl.data.vision.VisionProcessor` built from that file, so
+        neither torchvision nor the Hugging Face video processor is needed. A chat template
+        kept next to the processor (``chat_template.jinja`` / ``chat_template.json``) is used
+        when the tokenizer has none.
+        """
+        from transformers import AutoTokenizer
+
+        from reasonctl.models.tiny import resolve_tiny_alias
+
+        path = Path(resolve_tiny_alias(str(path)))
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        if getattr(tokenizer, "chat_template", None) is None:
+            tokenizer.chat_template = _read_processor_chat_template(path)
+        vision = None
+        if (path / "preprocessor_config.json").is_file():
+            from reasonctl.data.vision import VisionProcessor
+
+            vision = VisionProcessor.from_pretrained(path)
+        return cls(tokenizer, max_length=max_length, system_prompt=system_prompt, vision=vision)
+
+    @property
+    def pad_id(self) -> int:
+        """The padding token id (falls back to the end-of-sequence token)."""
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else self.tokenizer.eos_token_id)
+
+    # --- public encoding ----------------------------------------------------------------
+
+    def encode_sft(self, sample: Sample) -> EncodedSample:
+        """Tokenize a full conversation; only assistant turns are targets.
+
+        Each assistant turn's span is found by rendering the conversation up to the turn
+        (with the generation prompt) and through the turn, and checking that both are
+        prefixes of the full rendering. Templates that rewrite earlier turns (for example
+        dropping reasoning from history) break that property; the turn's content is then
+        located in the full text instead. The span runs from the end of the generation
+        prompt to the end of the first special token after the content (``<|im_end|>`` for
+        Qwen), so the model learns to stop.
+        """
+        messages = self._with_system_prompt(sample.messages)
+        if not any(m.role == "assistant" for m in messages):
+            raise DataError(
+                f"{_where(sample)}: no assistant turn to train on; SFT rows need an answer "
+                "(an assistant message, or a 'response'/'answer' field)"
+            )
+        text = self._render(messages, add_generation_prompt=False, sample=sample)
+        spans = self._assistant_spans(messages, text, sample)
+        ids, mask = self._tokenize(text, spans)
+        ids, mask, extras = self._expand_media(messages, ids, mask, sample)
+        truncated = len(ids) > self.max_length
+        if truncated:
+            self._check_media_survives(ids, self.max_length, sample, len(ids))
+            ids, mask = ids[: self.max_length], mask[: self.max_length]
+        return EncodedSample(ids, mask, extras, truncated, num_prompt_tokens=0)
+
+    def encode_prompt(self, sample: Sample) -> EncodedSample:
+        """Tokenize the prompt (trailing assistant turns dropped) plus the generation prompt.
+
+        No token is a target. A prompt longer than ``max_length`` keeps its last
+        ``max_length`` tokens (so the generation prompt survives) and is flagged
+        ``truncated``.
+        """
+        messages = self._with_system_prompt(Sample(sample.prompt_messages()).messages)
+        if not messages:
+            raise DataError(f"{_where(sample)}: the prompt is empty (no non-assistant message)")
+        text = self._render(messages, add_generation_prompt=True, sample=sample)
+        ids, mask = self._tokenize(text, [])
+        ids, mask, extras = self._expand_media(messages, ids, mask, sample)
+        truncated = len(ids) > self.max_length
+        if truncated:
+            if self._media_token_ids.intersection(ids):
+                raise DataError(
+                    f"{_where(sample)}: the prompt has {len(ids)} tokens, more than "
+                    f"max_length={self.max_length}, and holds image/video tokens that cannot be "
+                    "cut; raise model.max_length or lower the media's max_pixels/fps"
+                )
+            ids, mask = ids[-self.max_length :], mask[-self.max_length :]
+        return EncodedSample(ids, mask, extras, truncated, num_prompt_tokens=len(ids))
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        """Token ids back to text (special tokens dropped by default)."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def render(self, sample: Sample, *, add_generation_prompt: bool = False) -> str:
+        """The chat-template text of a sample (media still as single placeholders)."""
+        messages = self._with_system_prompt(sample.messages)
+        return self._render(messages, add_generation_prompt=add_generation_prompt, sample=sample)
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _with_system_prompt(self, messages: list[Message]) -> list[Message]:
+        if self.system_prompt is None or (messages and messages[0].role == "system"):
+            return list(messages)
+        return [Message("system", [ContentPart("text", text=self.system_prompt)]), *messages]
+
+    def _template_messages(self, messages: Sequence[Message], sample: Sample) -> list[dict]:
+        out = []
+        for message in messages:
+            if all(p.type == "text" for p in message.content):
+                out.append({"role": message.role, "content": message.text})
+                continue
+            if self.vision is None:
+                kinds = sorted({p.type for p in message.content if p.type != "text"})
+                raise DataError(
+                    f"{_where(sample)}: the sample has {'/'.join(kinds)} input but the model's "
+                    "processor has no image processor; use a vision-language model (e.g. "
+                    "Qwen2.5-VL) or drop the media parts"
+                )
+            parts = []
+            for part in message.content:
+                if part.type == "text":
+                    parts.append({"type": "text", "text": part.text or ""})
+                else:
+                    parts.append({"type": part.type})
+            out.append({"role": message.role, "content": parts})
+        return out
+
+    def _render(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool, sample: Sample
+    ) -> str:
+        return self.tokenizer.apply_chat_template(
+            self._template_messages(messages, sample),
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+        )
+
+    def _assistant_spans(
+        self, messages: list[Message], text: str, sample: Sample
+    ) -> list[tuple[int, int]]:
+        spans: list[tuple[int, int]] = []
+        cursor = 0
+        for index, message in enumerate(messages):
+            if message.role != "assistant":
+                continue
+            content = message.text.strip()
+            history = messages[:index]
+            before = (
+                self._render(history, add_generation_prompt=True, sample=sample) if index else ""
+            )
+            through = self._render(messages[: index + 1], add_generation_prompt=False,
+                                   sample=sample)
+            if through.startswith(before) and text.startswith(through) and len(before) >= cursor:
+                start, region_end = len(before), len(through)
+            else:
+                start = self._locate_turn(text, cursor, history, before, content, sample)
+                if start < 0:
+                    raise DataError(
+                        f"{_where(sample)}: cannot find assistant turn {index} in the chat "
+                        "template's output (the template rewrites earlier turns); give the "
+                        "turn non-empty text or use a template that keeps history verbatim"
+                    )
+                region_end = len(text)
+            end = self._turn_end(text, start, region_end, content)
+            spans.append((start, end))
+            cursor = end
+        return spans
+
+    def _locate_turn(
+        self, text: str, cursor: int, history: list[Message], before: str, content: str,
+        sample: Sample,
+    ) -> int:
+        """Start of an assistant turn in ``text`` when prefix rendering does not apply.
+
+        Looks for the generation prompt (what the template adds to ask for an answer) after
+        ``cursor``, else for the turn's content; -1 when neither is there.
+        """
+        plain = self._render(history, add_generation_prompt=False, sample=sample) if history else ""
+        generation_prompt = before[len(plain):] if before.startswith(plain) else ""
+        if generation_prompt:
+            found = text.find(generation_prompt, cursor)
+            if found >= 0:
+                return found + len(generation_prompt)
+        return text.find(content, cursor) if content else -1
+
+    def _turn_end(self, text: str, start: int, region_end: int, content: str) -> int:
+        """End of an assistant span: through the first special token after its content."""
+        found = text.find(content, start, region_end) if content else -1
+        after = found + len(content) if found >= 0 else start
+        best = -1
+        best_len = 0
+        for marker in self._end_markers:
+            position = text.find(marker, after, region_end)
+            if position >= 0 and (best < 0 or position < best):
+                best, best_len = position, len(marker)
+        if best >= 0:
+            return best + best_len
+        return start + len(text[start:region_end].rstrip())
+
+    def _tokenize(self, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+        try:
+            encoding = self.tokenizer(
+                text, add_special_tokens=False, return_offsets_mapping=True
+            )
+        except NotImplementedError as exc:
+            raise TypeError(
+                f"{type(self.tokenizer).__name__} cannot return character offsets; load the "
+                "fast tokenizer (AutoTokenizer.from_pretrained(..., use_fast=True))"
+            ) from exc
+        ids = list(encoding["input_ids"])
+        mask = [0] * len(ids)
+        span_index = 0
+        for position, (char_start, _) in enumerate(encoding["offset_mapping"]):
+            while span_index < len(spans) and char_start >= spans[span_index][1]:
+                span_index += 1
+            if span_index == len(spans):
+                break
+            begin, end = spans[span_index]
+            if begin <= char_start < end:
+                mask[position] = 1
+        for position, token in enumerate(ids):
+            if token in self._media_token_ids:
+                mask[position] = 0
+        return ids, mask
+
+    def _expand_media(
+        self, messages: Sequence[Message], ids: list[int], mask: list[int], sample: Sample
+    ) -> tuple[list[int], list[int], dict[str, torch.Tensor]]:
+        parts = [p for m in messages for p in m.content if p.type != "text"]
+        if not parts:
+            return ids, mask, {}
+        assert self.vision is not None  # _template_messages rejected media otherwise
+        placeholders = [i for i, t in enumerate(ids) if t in self._media_token_ids]
+        if len(placeholders) != len(parts):
+            raise DataError(
+                f"{_where(sample)}: the chat template produced {len(placeholders)} media "
+                f"placeholder token(s) for {len(parts)} image/video part(s); the model's chat "
+                "template must emit <|image_pad|>/<|video_pad|> once per media part"
+            )
+        media = self.vision.encode_parts(parts, source=_where(sample))
+        new_ids: list[int] = []
+        new_mask: list[int] = []
+        previous = 0
+        for position, count in zip(placeholders, media.token_counts, strict=True):
+            new_ids += ids[previous:position] + [ids[position]] * count
+            new_mask += mask[previous:position] + [0] * count
+            previous = position + 1
+        new_ids += ids[previous:]
+        new_mask += mask[previous:]
+        return new_ids, new_mask, media.tensors
+
+    def _check_media_survives(
+        self, ids: list[int], keep: int, sample: Sample, total: int
+    ) -> None:
+        if self._media_token_ids.intersection(ids[keep:]):
+            raise DataError(
+                f"{_where(sample)}: the sample has {total} tokens, more than max_length={keep}, "
+                "and the cut would split image/video tokens; raise model.max_length or lower "
+                "the media's max_pixels/fps"
+            )
+
+
+def collate(
+    samples: Sequence[EncodedSample], pad_id: int, *, pack: bool = False
+) -> dict[str, torch.Tensor]:
+    """Batch encoded samples into tensors.
+
+    Unpacked: ``input_ids``, ``attention_mask`` and ``loss_mask`` of shape ``[B, T]``,
+    right-padded to the longest sample. Packed: the samples are concatenated into one row:
+    ``input_ids``, ``position_ids`` (restarting at 0 for every sample) and ``loss_mask`` of
+    shape ``[1, N]`` and no ``attention_mask``; transformers then derives per-sample causal
+    attention from the restarting ``position_ids``. The forward pass must get
+    ``use_cache=False``: with a cache object transformers skips that detection and the
+    samples would attend to each other. The first token of each sample is never a target,
+    so no position learns to predict across a sample boundary. Vision ``extras`` are
+    concatenated along dimension 0 in both layouts.
+    """
+    if not samples:
+        raise ValueError("collate() needs at least one sample")
+    if pack:
+        input_ids: list[int] = []
+        position_ids: list[int] = []
+        loss_mask: list[int] = []
+        for sample in samples:
+            input_ids += sample.input_ids
+            position_ids += range(len(sample.input_ids))
+            loss_mask += [0, *sample.loss_mask[1:]] if sample.loss_mask else []
+        batch = {
+            "input_ids": torch.tensor([input_ids], dtype=torch.long),
+            "position_ids": torch.tensor([position_ids], dtype=torch.long),
+            "loss_mask": torch.tensor([loss_mask], dtype=torch.long),
+        }
+    else:
+        width = max(len(s.input_ids) for s in samples)
+        ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(samples), width), dtype=torch.long)
+        targets = torch.zeros((len(samples), width), dtype=torch.long)
+        for row, sample in enumerate(samples):
+            length = len(sample.input_ids)
+            ids[row, :length] = torch.tensor(sample.input_ids, dtype=torch.long)
+            attention[row, :length] = 1
+            targets[row, :length] = torch.tensor(sample.loss_mask, dtype=torch.long)
+        batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": targets}
+    keys = sorted({k for s in samples for k in s.extras})
+    for key in keys:
+        batch[key] = torch.cat([s.extras[key] for s in samples if key in s.extras], dim=0)
+    return batch
+
+
+def _where(sample: Sample) -> str:
+    return sample.source or "<sample>"
+
+
+def _special_token_strings(tokenizer: Any) -> set[str]:
+    """Strings of the tokenizer's special tokens (the ones that can end a turn)."""
+    strings = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    for token in getattr(tokenizer, "added_tokens_decoder", {}).values():
+        if getattr(token, "special", False):
+            strings.add(str(token.content))
+    strings.discard("")
+    return strings - {IMAGE_PAD, VIDEO_PAD}
+
+
+def _read_processor_chat_template(path: Path) -> str | None:
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    as_json = path / "chat_template.json"
+    if as_json.is_file():
+        return json.loads(as_json.read_text(encoding="utf-8")).get("chat_template")
+    return None
