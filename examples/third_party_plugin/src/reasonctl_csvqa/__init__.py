@@ -1,0 +1,1 @@
+"""Example third-party reasonctl plugin."""
