@@ -1,0 +1,224 @@
+"""The tensor math of GRPO-family policy optimisation, free of models and data plumbing.
+
+Conventions: per-token tensors are ``[B, T]`` aligned with a ``mask`` of the same shape
+that is 1 on completion tokens that carry loss. Advantages are one value per sequence
+(``[B]``). Every function here is pure, so it is tested against hand-computed values.
+
+Knobs and the papers they come from:
+
+- group-normalised advantages, optionally without the std division (Dr.GRPO:
+  ``scale="none"``);
+- clipped importance ratio with separate lower and upper bounds (DAPO "clip-higher");
+- token-level or sequence-level importance ratio (GSPO: ``level="sequence"``);
+- loss aggregation: ``token-mean`` (DAPO), ``seq-mean-token-mean`` (original GRPO) and
+  ``seq-mean-token-sum-norm`` (Dr.GRPO: token sums divided by a constant);
+- the k1/k2/k3 KL estimators (Schulman, "Approximating KL divergence").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+AdvantageScale = Literal["group", "none"]
+LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+KLEstimator = Literal["k1", "k2", "k3"]
+ImportanceLevel = Literal["token", "sequence"]
+
+LOG_RATIO_LIMIT = 20.0
+"""Log-ratios are clamped to ``±LOG_RATIO_LIMIT`` before ``exp`` so that a rare extreme
+token cannot turn the loss into ``inf``; within that range values are exact."""
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    scale: AdvantageScale = "group",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Advantages of rewards laid out as consecutive groups of ``group_size`` completions.
+
+    Each reward minus its group's mean; with ``scale="group"`` also divided by the group's
+    (unbiased) standard deviation plus ``eps``. A group whose rewards are all equal gets
+    zero advantages either way. Returns a tensor shaped like ``rewards``.
+    """
+    if rewards.ndim != 1 or rewards.numel() % group_size:
+        raise ValueError(
+            f"rewards must be 1-D with a multiple of group_size={group_size} entries, got "
+            f"shape {tuple(rewards.shape)}"
+        )
+    grouped = rewards.double().view(-1, group_size)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale == "group":
+        std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(centred)
+        centred = centred / (std + eps)
+    elif scale != "none":
+        raise ValueError(f"scale must be 'group' or 'none', got {scale!r}")
+    return centred.view(-1).to(rewards.dtype if rewards.is_floating_point() else torch.float32)
+
+
+def kl_estimate(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator = "k3"
+) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) from samples of the policy.
+
+    With ``d = ref_logprobs - logprobs``: ``k1 = -d`` (unbiased, high variance, can be
+    negative), ``k2 = d**2 / 2`` (low variance, biased), ``k3 = exp(d) - d - 1`` (unbiased
+    and always >= 0).
+    """
+    delta = (ref_logprobs - logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    if estimator == "k1":
+        return -delta
+    if estimator == "k2":
+        return 0.5 * delta.square()
+    if estimator == "k3":
+        return torch.expm1(delta) - delta
+    raise ValueError(f"kl estimator must be 'k1', 'k2' or 'k3', got {estimator!r}")
+
+
+def importance_log_ratio(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    level: ImportanceLevel = "token",
+) -> torch.Tensor:
+    """Log importance ratio per token, ``[B, T]``.
+
+    ``level="token"``: ``logprobs - old_logprobs``. ``level="sequence"`` (GSPO): the
+    length-normalised sequence log-ratio ``mean_t(logprobs - old_logprobs)`` over masked
+    tokens, broadcast to every token of the sequence.
+    """
+    log_ratio = logprobs - old_logprobs
+    if level == "token":
+        return log_ratio
+    if level == "sequence":
+        mask = mask.to(log_ratio.dtype)
+        per_seq = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        return per_seq.unsqueeze(-1).expand_as(log_ratio)
+    raise ValueError(f"importance level must be 'token' or 'sequence', got {level!r}")
+
+
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: LossAggregation,
+    *,
+    num_tokens: float | None = None,
+    num_sequences: float | None = None,
+    max_tokens: int | None = None,
+) -> torch.Tensor:
+    """Reduce per-token ``values`` to a scalar loss.
+
+    ``token-mean``: sum over all masked tokens / ``num_tokens``. ``seq-mean-token-mean``:
+    each sequence's masked mean, summed / ``num_sequences``. ``seq-mean-token-sum-norm``:
+    each sequence's masked sum divided by the constant ``max_tokens``, summed /
+    ``num_sequences``.
+
+    ``num_tokens`` and ``num_sequences`` are the *global* counts of the optimiser step (all
+    micro-batches and ranks), so that the backend can simply add the micro-batch losses;
+    they default to this batch's own counts (masked tokens; sequences with any masked
+    token).
+    """
+    mask = mask.to(values.dtype)
+    masked = values * mask
+    if mode == "token-mean":
+        denom = float(num_tokens) if num_tokens is not None else mask.sum().item()
+        return masked.sum() / max(denom, 1.0)
+    if num_sequences is None:
+        num_sequences = float((mask.sum(-1) > 0).sum().item())
+    if mode == "seq-mean-token-mean":
+        per_seq = masked.sum(-1) / mask.sum(-1).clamp(min=1.0)
+    elif mode == "seq-mean-token-sum-norm":
+        if not max_tokens or max_tokens <= 0:
+            raise ValueError("seq-mean-token-sum-norm needs max_tokens > 0 (the constant divisor)")
+        per_seq = masked.sum(-1) / float(max_tokens)
+    else:
+        raise ValueError(
+            "loss aggregation must be 'token-mean', 'seq-mean-token-mean' or "
+            f"'seq-mean-token-sum-norm', got {mode!r}"
+        )
+    return per_seq.sum() / max(float(num_sequences), 1.0)
+
+
+@dataclass(frozen=True)
+class PolicyLossSettings:
+    """The knobs of :func:`policy_loss` (a subset of the ``[algorithm.grpo]`` config)."""
+
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    importance_level: ImportanceLevel = "token"
+    loss_aggregation: LossAggregation = "token-mean"
+    max_tokens: int | None = None
+    kl_beta: float = 0.0
+    kl_estimator: KLEstimator = "k3"
+    entropy_bonus: float = 0.0
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    settings: PolicyLossSettings,
+    *,
+    ref_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    num_tokens: float | None = None,
+    num_sequences: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped-surrogate loss with optional KL penalty and entropy bonus.
+
+    Per token: ``max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))`` where ``r`` is the
+    importance ratio of :func:`importance_log_ratio`; plus ``kl_beta * KL`` when
+    ``ref_logprobs`` is given, minus ``entropy_bonus * entropy`` when ``entropy`` is given;
+    aggregated with :func:`aggregate`. Returns the loss and metrics (masked token means):
+    ``loss/policy``, ``clip_frac/low`` (ratio below ``1 - eps_low`` with ``A < 0``, the
+    gradient is cut), ``clip_frac/high`` (above ``1 + eps_high`` with ``A > 0``),
+    ``ratio/mean``, ``kl`` and ``entropy`` when computed.
+    """
+    s = settings
+    mask_f = mask.to(logprobs.dtype)
+    adv = advantages.to(logprobs.dtype).unsqueeze(-1)
+    log_ratio = importance_log_ratio(logprobs, old_logprobs, mask, s.importance_level)
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - s.epsilon_low, 1.0 + s.epsilon_high)
+    per_token = torch.maximum(unclipped, clipped)
+
+    def agg(values: torch.Tensor) -> torch.Tensor:
+        return aggregate(
+            values, mask_f, s.loss_aggregation, num_tokens=num_tokens,
+            num_sequences=num_sequences, max_tokens=s.max_tokens,
+        )
+
+    policy_term = agg(per_token)
+    loss = policy_term
+    count = mask_f.sum().clamp(min=1.0)
+
+    def token_mean(values: torch.Tensor) -> float:
+        return float((values.detach() * mask_f).sum() / count)
+
+    with torch.no_grad():
+        low = ((ratio < 1.0 - s.epsilon_low) & (adv < 0)).to(mask_f.dtype)
+        high = ((ratio > 1.0 + s.epsilon_high) & (adv > 0)).to(mask_f.dtype)
+    metrics = {
+        "loss/policy": float(policy_term.detach()),
+        "clip_frac/low": token_mean(low),
+        "clip_frac/high": token_mean(high),
+        "ratio/mean": token_mean(ratio),
+    }
+    if ref_logprobs is not None:
+        kl = kl_estimate(logprobs, ref_logprobs, s.kl_estimator)
+        metrics["kl"] = token_mean(kl)
+        if s.kl_beta:
+            kl_term = agg(kl)
+            loss = loss + s.kl_beta * kl_term
+            metrics["loss/kl"] = float(kl_term.detach())
+    if entropy is not None:
+        metrics["entropy"] = token_mean(entropy)
+        if s.entropy_bonus:
+            loss = loss - s.entropy_bonus * agg(entropy)
+    return loss, metrics
