@@ -1,0 +1,157 @@
+"""Reading rows from data files with their line numbers, and turning them into datasets.
+
+Every format reports a malformed row as ``file:line: reason``. :func:`read_json_rows`
+yields ``(line, row)`` pairs from JSON Lines files and from JSON arrays (the line where
+each element starts), and :func:`build_samples` applies the common ``[data]`` options:
+``on_bad_row`` (stop at the first bad row, or skip and count), ``max_samples``,
+``system_prompt`` and ``prompt_template``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from reasonctl.core.datasets import ListDataset
+from reasonctl.core.errors import DataError
+from reasonctl.core.types import Sample
+from reasonctl.data.messages import RowProblem, apply_prompt_options
+
+
+@dataclass(frozen=True)
+class RowOptions:
+    """The format-independent ``[data]`` options a dataset format applies."""
+
+    on_bad_row: Literal["error", "skip"] = "error"
+    max_samples: int | None = None
+    system_prompt: str | None = None
+    prompt_template: str | None = None
+
+    @classmethod
+    def from_section(cls, data: Any) -> RowOptions:
+        """Read the options from a ``[data]`` section (``None`` gives the defaults)."""
+        if data is None:
+            return cls()
+        return cls(
+            on_bad_row=getattr(data, "on_bad_row", "error"),
+            max_samples=getattr(data, "max_samples", None),
+            system_prompt=getattr(data, "system_prompt", None),
+            prompt_template=getattr(data, "prompt_template", None),
+        )
+
+
+@dataclass(frozen=True)
+class Row:
+    """A raw record, where it came from (``file:line``) and the file it was read from."""
+
+    source: str
+    value: Any
+    file: Path | None = None
+
+
+def as_path_list(value: str | Path | Iterable[str | Path], key: str) -> list[Path]:
+    """Normalise a ``path`` option to existing files, or raise naming ``key``."""
+    paths = [value] if isinstance(value, (str, Path)) else list(value)
+    if not paths:
+        raise DataError(f"{key}: no data file given; set it to a file or a list of files")
+    out = []
+    for path in paths:
+        resolved = Path(path).expanduser()
+        if not resolved.is_file():
+            raise DataError(
+                f"{key}: data file not found: {resolved.absolute()} (relative paths resolve "
+                f"against the working directory {Path.cwd()})"
+            )
+        out.append(resolved)
+    return out
+
+
+def read_json_rows(path: Path) -> Iterator[Row]:
+    """Rows of a JSON Lines file, or of a JSON file holding an array of objects.
+
+    A file whose first non-blank character is ``[`` is read as one JSON array; each element
+    is reported at the line where it starts. Otherwise every non-blank line is one JSON
+    value. Undecodable lines are yielded as :class:`RowProblem` values so the caller can
+    skip them or stop.
+    """
+    text = path.read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        yield from _json_array_rows(path, text)
+        return
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            value = RowProblem(f"invalid JSON: {exc.msg} at column {exc.colno}")
+        yield Row(f"{path}:{number}", value, path)
+
+
+def _json_array_rows(path: Path, text: str) -> Iterator[Row]:
+    decoder = json.JSONDecoder()
+    position = text.index("[") + 1
+    while True:
+        position = _skip_space(text, position)
+        if position < len(text) and text[position] == "]":
+            return
+        line = text.count("\n", 0, position) + 1
+        try:
+            value, position = decoder.raw_decode(text, position)
+        except json.JSONDecodeError as exc:
+            raise DataError(
+                f"{path}:{exc.lineno}: invalid JSON array: {exc.msg} at column {exc.colno}; "
+                "the rest of the file cannot be read"
+            ) from None
+        yield Row(f"{path}:{line}", value, path)
+        position = _skip_space(text, position)
+        if position < len(text) and text[position] == ",":
+            position += 1
+        elif position >= len(text) or text[position] != "]":
+            line = text.count("\n", 0, position) + 1
+            raise DataError(f"{path}:{line}: invalid JSON array: expected ',' or ']'")
+
+
+def _skip_space(text: str, position: int) -> int:
+    while position < len(text) and text[position] in " \t\r\n":
+        position += 1
+    return position
+
+
+def build_samples(
+    rows: Iterable[Row],
+    parse: Callable[[Row], Sample],
+    options: RowOptions,
+) -> ListDataset:
+    """Parse rows into a dataset, applying ``on_bad_row``, ``max_samples`` and prompt options.
+
+    ``parse`` turns one :class:`Row` into a :class:`Sample` or raises
+    :class:`RowProblem`. The sample's ``source`` is set to the
+    row's ``file:line``.
+    """
+    samples: list[Sample] = []
+    skipped = 0
+    for row in rows:
+        if options.max_samples is not None and len(samples) >= options.max_samples:
+            break
+        try:
+            if isinstance(row.value, RowProblem):
+                raise row.value
+            sample = parse(row)
+            sample.messages = apply_prompt_options(
+                sample.messages, options.system_prompt, options.prompt_template
+            )
+            sample.source = row.source
+        except RowProblem as exc:
+            if options.on_bad_row == "error":
+                raise DataError(
+                    f"{exc.source or row.source}: {exc} (set data.on_bad_row = \"skip\" to "
+                    "skip bad rows)"
+                ) from None
+            skipped += 1
+            continue
+        samples.append(sample)
+    return ListDataset(samples, skipped_rows=skipped)
