@@ -1,0 +1,274 @@
+"""What the single-device and FSDP backends share: the step, checkpoints, export, metrics.
+
+A concrete backend builds ``self.policy`` (a :class:`TokenLogprobModel` around the
+Hugging Face model, sharded or not), ``self.optimizer`` and ``self.scheduler`` in
+:meth:`TorchBackend.build`, and says how to gather full weights. Everything else, the
+micro-batch loop, clipping, distributed checkpoints with torch DCP and the Hugging Face
+export, is here.
+
+Checkpoint layout (``<step dir>/state``): a DCP checkpoint of ``{"model", "optimizer",
+"scheduler"}`` where model and optimizer state come from
+``torch.distributed.checkpoint.state_dict.get_state_dict`` (keyed by parameter name), so a
+checkpoint written by N processes loads into M processes or into the single-device backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from reasonctl.backends.export import DEFAULT_MAX_SHARD_SIZE, save_hf_export
+from reasonctl.backends.perf import peak_flops, training_flops
+from reasonctl.backends.token_logprobs import TokenLogprobModel, TokenLogprobs
+from reasonctl.core.context import RunContext
+from reasonctl.core.protocols import LossFn
+from reasonctl.core.types import Metrics
+from reasonctl.models.loading import ModelSource, ParameterCounts, checkpoint_dtype
+
+
+class TorchBackend:
+    """Base of the PyTorch backends; subclasses implement :meth:`build` and the gathers."""
+
+    rank: int = 0
+    world_size: int = 1
+    is_main: bool = True
+    device: torch.device = torch.device("cpu")
+
+    def __init__(self, *, chunk_tokens: int, export_shard_size: str = DEFAULT_MAX_SHARD_SIZE,
+                 ) -> None:
+        self.chunk_tokens = chunk_tokens
+        self.export_shard_size = export_shard_size
+        self.ctx: RunContext | None = None
+        self.policy: TokenLogprobModel | None = None
+        self.hf_model: Any = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self.source: ModelSource | None = None
+        self.parameter_counts = ParameterCounts(0, 0)
+        self.tied_groups: list[list[str]] = []
+        self.grad_scale = 1.0
+        """Multiplier on each micro-batch loss that undoes data-parallel gradient averaging."""
+
+    # --- set-up ---------------------------------------------------------------------------
+
+    def setup(self, ctx: RunContext) -> None:
+        """Build the model, optimizer and schedule (see :meth:`build`)."""
+        self.ctx = ctx
+        self.build(ctx)
+        ctx.state["backend_parameters"] = self.parameter_counts
+        ctx.info(f"model {ctx.config.model.name_or_path}: {self.parameter_counts.describe()} "
+                 f"on {self.device} x{self.world_size}")
+
+    def build(self, ctx: RunContext) -> None:
+        """Create ``policy``, ``hf_model``, ``optimizer``, ``scheduler`` and ``source``."""
+        raise NotImplementedError
+
+    # --- forward and step -----------------------------------------------------------------
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The autocast context of forward passes (none by default)."""
+        return contextlib.nullcontext()
+
+    def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The batch with every tensor on this backend's device."""
+        return {
+            k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()
+        }
+
+    def token_outputs(self, batch: dict[str, Any], *, with_entropy: bool = False,
+                      temperature: float = 1.0) -> TokenLogprobs:
+        """Per-token log-probs (and entropy) of ``batch`` in eval mode without gradients."""
+        policy = self._policy()
+        policy.eval()
+        with torch.no_grad(), self.autocast():
+            return policy(self.to_device(batch), with_entropy, temperature)
+
+    def train_step(self, micro_batches: Sequence[dict[str, Any]], loss_fn: LossFn, *,
+                   with_entropy: bool = False, temperature: float = 1.0) -> Metrics:
+        """Forward/backward each micro-batch, clip, then one optimizer and schedule step.
+
+        Metrics: ``loss`` (the sum of ``loss_fn``'s losses over micro-batches and ranks, i.e.
+        the objective of this step when the losses are normalised globally), ``grad_norm``
+        (before clipping), ``lr`` (used by this step), and ``loss_fn``'s own metrics averaged
+        over micro-batches and ranks. A step whose gradient norm is not finite leaves the
+        weights unchanged and reports ``skipped_update = 1``.
+        """
+        if not micro_batches:
+            raise ValueError("train_step needs at least one micro-batch")
+        policy, optimizer, scheduler = self._policy(), self._optimizer(), self._scheduler()
+        policy.train()
+        lr = float(optimizer.param_groups[0]["lr"])
+        loss_total = torch.zeros((), dtype=torch.float64, device=self.device)
+        metric_sums: dict[str, float] = {}
+        for micro_batch in micro_batches:
+            batch = self.to_device(micro_batch)
+            with self.autocast():
+                outputs = policy(batch, with_entropy, temperature)
+            loss, metrics = loss_fn(outputs, batch)
+            (loss * self.grad_scale).backward()
+            loss_total += loss.detach().to(torch.float64)
+            for key, value in metrics.items():
+                metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
+        grad_norm = self.clip_gradients()
+        finite = bool(torch.isfinite(grad_norm))
+        if finite:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        count = len(micro_batches)
+        local = {k: v / count for k, v in metric_sums.items()}
+        local["loss"] = float(loss_total) * self.world_size  # the mean over ranks = sum / world
+        reduced = self.all_reduce_mean(local)
+        reduced.update(grad_norm=float(grad_norm), lr=lr)
+        if not finite:
+            reduced["skipped_update"] = 1.0
+        return reduced
+
+    def clip_gradients(self) -> torch.Tensor:
+        """Total gradient norm before clipping; clips to ``train.max_grad_norm`` when > 0."""
+        params = [p for p in self._policy().parameters() if p.grad is not None]
+        if not params:
+            return torch.zeros((), device=self.device)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        if hasattr(norm, "full_tensor"):  # DTensor gradients (FSDP)
+            norm = norm.full_tensor()
+        max_norm = self._ctx().config.train.max_grad_norm
+        if max_norm > 0 and torch.isfinite(norm):
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+        return norm.detach().float()
+
+    # --- metrics and collectives ------------------------------------------------------------
+
+    def all_reduce_mean(self, values: Metrics) -> Metrics:
+        """Average scalar metrics over ranks (every rank must pass the same keys)."""
+        if self.world_size == 1 or not dist.is_initialized():
+            return {k: float(v) for k, v in values.items()}
+        keys = sorted(values)
+        tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64,
+                              device=self.device)
+        dist.all_reduce(tensor)
+        tensor /= self.world_size
+        return dict(zip(keys, tensor.tolist(), strict=True))
+
+    def barrier(self) -> None:
+        """Wait for all ranks (no-op in one process)."""
+        if self.world_size > 1 and dist.is_initialized():
+            dist.barrier()
+
+    def training_flops(self, tokens: int, mean_seq_len: float) -> float:
+        """Approximate model FLOPs of a training step over ``tokens`` tokens."""
+        return training_flops(self.parameter_counts.total, self.hf_model.config, tokens,
+                              mean_seq_len)
+
+    def peak_flops(self) -> float | None:
+        """Peak bf16 FLOP/s of one device of this backend (``None`` on CPU or unknown)."""
+        if self.device.type != "cuda":
+            return None
+        return peak_flops(torch.cuda.get_device_name(self.device))
+
+    def memory_metrics(self) -> Metrics:
+        """``peak_mem_gb`` (max allocated since start) on CUDA; empty elsewhere."""
+        if self.device.type != "cuda":
+            return {}
+        return {"peak_mem_gb": torch.cuda.max_memory_allocated(self.device) / 1e9}
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    def save_checkpoint(self, directory: Path) -> None:
+        """Write model, optimizer and schedule state with torch DCP (all ranks call it)."""
+        self._reshard()
+        model_state, optim_state = get_state_dict(self._policy(), self._optimizer())
+        state = {"model": model_state, "optimizer": optim_state,
+                 "scheduler": self._scheduler().state_dict()}
+        with _single_process_dcp_quiet():
+            dcp.save(state, checkpoint_id=str(directory), no_dist=not dist.is_initialized())
+
+    def load_checkpoint(self, directory: Path) -> None:
+        """Restore state from :meth:`save_checkpoint` (written by any number of ranks)."""
+        if not Path(directory).is_dir():
+            raise FileNotFoundError(f"checkpoint state directory {directory} does not exist")
+        self._reshard()
+        policy, optimizer, scheduler = self._policy(), self._optimizer(), self._scheduler()
+        model_state, optim_state = get_state_dict(policy, optimizer)
+        state = {"model": model_state, "optimizer": optim_state,
+                 "scheduler": scheduler.state_dict()}
+        with _single_process_dcp_quiet():
+            dcp.load(state, checkpoint_id=str(directory), no_dist=not dist.is_initialized())
+        set_state_dict(policy, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+
+    # --- weights out ----------------------------------------------------------------------
+
+    def export(self, directory: Path) -> None:
+        """Write a Hugging Face model directory on the main rank (all ranks call it)."""
+        state = self.gather_full_state_dict()
+        if self.is_main:
+            ctx = self._ctx()
+            assert self.source is not None
+            save_hf_export(
+                Path(directory), state, hf_model=self.hf_model, source=self.source,
+                dtype=self.export_dtype(ctx.config.checkpoint.export_dtype),
+                tied_groups=self.tied_groups, max_shard_size=self.export_shard_size,
+            )
+        self.barrier()
+
+    def export_dtype(self, name: str) -> torch.dtype:
+        """``auto`` keeps the dtype the source checkpoint declares; else the named dtype."""
+        if name == "auto":
+            return checkpoint_dtype(self.hf_model.config)
+        return getattr(torch, name)
+
+    def gather_full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full CPU tensors by Hugging Face name on the main rank (empty on others)."""
+        raise NotImplementedError
+
+    def full_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield full parameters and buffers by Hugging Face name (all ranks iterate)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the model and optimizer."""
+        self.policy = self.hf_model = self.optimizer = self.scheduler = None
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _reshard(self) -> None:
+        """Hook for sharded backends to put parameters back in sharded form."""
+
+    def _ctx(self) -> RunContext:
+        if self.ctx is None:
+            raise RuntimeError("the backend is not set up; call setup(ctx) first")
+        return self.ctx
+
+    def _policy(self) -> TokenLogprobModel:
+        if self.policy is None:
+            raise RuntimeError("the backend is not set up; call setup(ctx) first")
+        return self.policy
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise RuntimeError("the backend is not set up; call setup(ctx) first")
+        return self.optimizer
+
+    def _scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
+        if self.scheduler is None:
+            raise RuntimeError("the backend is not set up; call setup(ctx) first")
+        return self.scheduler
+
+
+@contextlib.contextmanager
+def _single_process_dcp_quiet() -> Iterator[None]:
+    """Silence DCP's notice that it runs without a process group (intended here)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"torch\.distributed is (disabled|unavailable)")
+        yield

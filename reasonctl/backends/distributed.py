@@ -1,0 +1,67 @@
+"""Devices and process groups for the PyTorch backends."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from reasonctl.core.errors import ReasonctlError
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is the process's CUDA device when there is one (``LOCAL_RANK``), else CPU."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank)
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ReasonctlError(f"backend.device = {name!r} is not a device: {exc}") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ReasonctlError(
+                f"backend.device = {name!r} but CUDA is not available; use 'cpu' or 'auto'"
+            )
+        if device.index is None:
+            device = torch.device("cuda", local_rank)
+    return device
+
+
+@dataclass(frozen=True)
+class ProcessGroupInfo:
+    """This process's place in the default process group."""
+
+    rank: int
+    world_size: int
+    created: bool
+    """True when this call created the group (so the backend destroys it on close)."""
+
+
+def init_process_group(device: torch.device) -> ProcessGroupInfo:
+    """Join the default process group: NCCL on CUDA, gloo on CPU.
+
+    Under torch's elastic launcher (``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` set) the group
+    spans the launched processes; without it, a one-process group is created in memory so
+    the FSDP backend also runs as a plain single process.
+    """
+    if dist.is_initialized():
+        return ProcessGroupInfo(dist.get_rank(), dist.get_world_size(), created=False)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    device_id = device if device.type == "cuda" else None
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        if missing:
+            raise ReasonctlError(
+                f"RANK/WORLD_SIZE are set but {', '.join(missing)} is not; launch with "
+                "`reasonctl run --nproc-per-node N` or torchrun"
+            )
+        dist.init_process_group(backend=backend, device_id=device_id)
+    else:
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=device_id)
+    return ProcessGroupInfo(dist.get_rank(), dist.get_world_size(), created=True)

@@ -1,0 +1,86 @@
+"""The one-device backend: a whole model on one CPU or CUDA device, no process group."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import torch
+
+from reasonctl.backends.base import TorchBackend
+from reasonctl.backends.distributed import resolve_device
+from reasonctl.backends.export import tied_parameter_groups
+from reasonctl.backends.optim import build_optimizer, build_scheduler
+from reasonctl.backends.token_logprobs import TokenLogprobModel
+from reasonctl.core.context import RunContext
+from reasonctl.core.errors import ReasonctlError
+from reasonctl.models.loading import (
+    apply_trainable_patterns,
+    compute_dtype,
+    enable_gradient_checkpointing,
+    load_pretrained,
+    model_source,
+)
+
+
+class SingleDeviceBackend(TorchBackend):
+    """Trains the whole model on one device.
+
+    Parameters are kept in float32 and matmuls run in ``model.dtype`` under autocast
+    (``param_dtype = "float32"``, the default), or parameters and optimizer state are kept
+    in ``model.dtype`` itself (``param_dtype = "compute"``: half the memory, faster, but
+    small updates can round away in bfloat16).
+    """
+
+    def __init__(self, *, param_dtype: Literal["float32", "compute"] = "float32",
+                 chunk_tokens: int, export_shard_size: str) -> None:
+        super().__init__(chunk_tokens=chunk_tokens, export_shard_size=export_shard_size)
+        self.param_dtype_mode = param_dtype
+        self.compute_dtype = torch.float32
+
+    def build(self, ctx: RunContext) -> None:
+        """Load the model onto the device and create AdamW and the schedule."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world > 1:
+            raise ReasonctlError(
+                f"backend 'single' trains in one process but {world} were launched; use "
+                "--backend fsdp with --nproc-per-node, or launch one process"
+            )
+        config = ctx.config
+        self.device = resolve_device(config.backend.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.compute_dtype = compute_dtype(config.model.dtype, self.device)
+        param_dtype = torch.float32 if self.param_dtype_mode == "float32" else self.compute_dtype
+        self.source = model_source(ctx)
+        hf_model = load_pretrained(self.source.model_dir, config.model, param_dtype=param_dtype,
+                                   device=self.device)
+        self.parameter_counts = apply_trainable_patterns(
+            hf_model, freeze=config.model.freeze, trainable=config.model.trainable
+        )
+        if config.model.gradient_checkpointing:
+            enable_gradient_checkpointing(hf_model)
+        self.tied_groups = tied_parameter_groups(hf_model)
+        self.hf_model = hf_model
+        self.policy = TokenLogprobModel(hf_model, chunk_tokens=self.chunk_tokens)
+        self.optimizer = build_optimizer(self.policy.named_parameters(), config.train,
+                                         device=self.device)
+        self.scheduler = build_scheduler(self.optimizer, config.train, lambda: ctx.total_steps)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Autocast to the compute dtype when parameters are kept in a wider dtype."""
+        params_dtype = next(self._policy().parameters()).dtype
+        if self.compute_dtype == params_dtype:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    def gather_full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's state dict as CPU tensors (Hugging Face names)."""
+        return {k: v.detach().cpu() for k, v in self.hf_model.state_dict().items()}
+
+    def full_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield the live parameters and buffers by Hugging Face name (no copies)."""
+        for name, tensor in self.hf_model.state_dict().items():
+            yield name, tensor.detach()
