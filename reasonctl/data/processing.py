@@ -28,6 +28,12 @@ if TYPE_CHECKING:
 
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
+TOKEN_TYPES_KEY = "mm_token_type_ids"
+"""Per-token extra: 0 for text, 1 for image and 2 for video placeholder tokens.
+
+Qwen2.5-VL needs it to compute its 3D rotary positions (in training and generation)."""
+PER_TOKEN_EXTRAS = frozenset({TOKEN_TYPES_KEY})
+"""Extras with one entry per token: padded/concatenated along the sequence by collate."""
 
 
 @dataclass
@@ -37,8 +43,9 @@ class EncodedSample:
     ``loss_mask[i] == 1`` when token ``i`` is a training target (same length as
     ``input_ids``). ``extras`` holds vision tensors (``pixel_values``, ``image_grid_thw``,
     ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``) whose first
-    dimension concatenates across samples. ``truncated`` tells that the sample was cut to
-    ``max_length``; ``num_prompt_tokens`` is the prompt length for :meth:`encode_prompt`.
+    dimension concatenates across samples, plus the per-token ``mm_token_type_ids``.
+    ``truncated`` tells that the sample was cut to ``max_length``; ``num_prompt_tokens`` is
+    the prompt length for :meth:`encode_prompt`.
     """
 
     input_ids: list[int]
@@ -164,7 +171,7 @@ class ChatProcessor:
         if truncated:
             self._check_media_survives(ids, self.max_length, sample, len(ids))
             ids, mask = ids[: self.max_length], mask[: self.max_length]
-        return EncodedSample(ids, mask, extras, truncated, num_prompt_tokens=0)
+        return EncodedSample(ids, mask, self._with_token_types(ids, extras), truncated, 0)
 
     def encode_prompt(self, sample: Sample) -> EncodedSample:
         """Tokenize the prompt (trailing assistant turns dropped) plus the generation prompt.
@@ -188,6 +195,7 @@ class ChatProcessor:
                     "cut; raise model.max_length or lower the media's max_pixels/fps"
                 )
             ids, mask = ids[-self.max_length :], mask[-self.max_length :]
+        extras = self._with_token_types(ids, extras)
         return EncodedSample(ids, mask, extras, truncated, num_prompt_tokens=len(ids))
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
@@ -351,6 +359,16 @@ class ChatProcessor:
         new_mask += mask[previous:]
         return new_ids, new_mask, media.tensors
 
+    def _with_token_types(
+        self, ids: list[int], extras: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        if not extras:
+            return extras
+        image = self.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+        video = self.tokenizer.convert_tokens_to_ids(VIDEO_PAD)
+        types = [1 if t == image else 2 if t == video else 0 for t in ids]
+        return {**extras, TOKEN_TYPES_KEY: torch.tensor(types, dtype=torch.long)}
+
     def _check_media_survives(
         self, ids: list[int], keep: int, sample: Sample, total: int
     ) -> None:
@@ -374,12 +392,23 @@ def collate(
     attention from the restarting ``position_ids``. The forward pass must get
     ``use_cache=False``: with a cache object transformers skips that detection and the
     samples would attend to each other. The first token of each sample is never a target,
-    so no position learns to predict across a sample boundary. Vision ``extras`` are
-    concatenated along dimension 0 in both layouts.
+    so no position learns to predict across a sample boundary.
+
+    Vision ``extras`` are concatenated along dimension 0; per-token extras
+    (``mm_token_type_ids``) are laid out like ``input_ids`` (zeros for padding and for
+    text-only samples). Every key except ``loss_mask`` is a model input. Packing samples
+    with images or videos is not supported (their 3D rotary positions would have to be
+    computed per sample); it raises ``ValueError``.
     """
     if not samples:
         raise ValueError("collate() needs at least one sample")
+    has_media = any(s.extras for s in samples)
     if pack:
+        if has_media:
+            raise ValueError(
+                "packing samples with images or videos is not supported; set "
+                "data.packing = false for vision-language data"
+            )
         input_ids: list[int] = []
         position_ids: list[int] = []
         loss_mask: list[int] = []
@@ -387,24 +416,31 @@ def collate(
             input_ids += sample.input_ids
             position_ids += range(len(sample.input_ids))
             loss_mask += [0, *sample.loss_mask[1:]] if sample.loss_mask else []
-        batch = {
+        return {
             "input_ids": torch.tensor([input_ids], dtype=torch.long),
             "position_ids": torch.tensor([position_ids], dtype=torch.long),
             "loss_mask": torch.tensor([loss_mask], dtype=torch.long),
         }
-    else:
-        width = max(len(s.input_ids) for s in samples)
-        ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(samples), width), dtype=torch.long)
-        targets = torch.zeros((len(samples), width), dtype=torch.long)
-        for row, sample in enumerate(samples):
-            length = len(sample.input_ids)
-            ids[row, :length] = torch.tensor(sample.input_ids, dtype=torch.long)
-            attention[row, :length] = 1
-            targets[row, :length] = torch.tensor(sample.loss_mask, dtype=torch.long)
-        batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": targets}
-    keys = sorted({k for s in samples for k in s.extras})
-    for key in keys:
+    width = max(len(s.input_ids) for s in samples)
+    shape = (len(samples), width)
+    batch = {
+        "input_ids": torch.full(shape, pad_id, dtype=torch.long),
+        "attention_mask": torch.zeros(shape, dtype=torch.long),
+        "loss_mask": torch.zeros(shape, dtype=torch.long),
+    }
+    per_token = sorted({k for s in samples for k in s.extras if k in PER_TOKEN_EXTRAS})
+    for key in per_token:
+        batch[key] = torch.zeros(shape, dtype=torch.long)
+    for row, sample in enumerate(samples):
+        length = len(sample.input_ids)
+        batch["input_ids"][row, :length] = torch.tensor(sample.input_ids, dtype=torch.long)
+        batch["attention_mask"][row, :length] = 1
+        batch["loss_mask"][row, :length] = torch.tensor(sample.loss_mask, dtype=torch.long)
+        for key in per_token:
+            if key in sample.extras:
+                batch[key][row, :length] = sample.extras[key]
+    stacked = sorted({k for s in samples for k in s.extras if k not in PER_TOKEN_EXTRAS})
+    for key in stacked:
         batch[key] = torch.cat([s.extras[key] for s in samples if key in s.extras], dim=0)
     return batch
 
