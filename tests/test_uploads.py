@@ -1,0 +1,218 @@
+"""Background uploads of checkpoints and exports, failure reports and resume pulls.
+
+The S3 target is moto's standalone server reached over HTTP through a proxy that the tests
+take down and bring back; the second target is a local directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reasonctl.core.checkpoint import CheckpointManager
+from reasonctl.core.config import RunConfig, load_config
+from reasonctl.core.plugins import PluginHost
+from reasonctl.core.uploads import UPLOAD_MARKER, Uploader, push
+from tests.storage_servers import Bucket, S3Server, use_server
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[S3Server]:
+    with S3Server() as s3:
+        yield s3
+
+
+@pytest.fixture
+def s3(server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[Bucket]:
+    yield use_server(server, monkeypatch)
+    if server.proxy.cut.is_set():
+        server.proxy.start()
+
+
+@pytest.fixture(scope="module")
+def host() -> PluginHost:
+    return PluginHost.load()
+
+
+def make_checkpoint(output_dir: Path, step: int) -> Path:
+    """A directory laid out like ``CheckpointManager.save`` writes it."""
+    path = output_dir / "checkpoints" / f"step_{step}"
+    (path / "state").mkdir(parents=True)
+    (path / "state" / "model.distcp").write_bytes(os.urandom(50_000 + step))
+    (path / "state" / ".metadata").write_bytes(os.urandom(300))
+    (path / "rng_rank0.pt").write_bytes(os.urandom(100))
+    (path / "manifest.json").write_text(json.dumps(
+        {"step": step, "saved_at": time.time(), "config_hash": "abc", "algorithm": {"pos": step},
+         "world_size": 1}
+    ))
+    return path
+
+
+def make_export(output_dir: Path) -> Path:
+    path = output_dir / "export" / "final"
+    path.mkdir(parents=True)
+    (path / "config.json").write_text('{"model_type": "qwen2"}')
+    (path / "model.safetensors").write_bytes(os.urandom(20_000))
+    return path
+
+
+def digests(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in root.rglob("*") if p.is_file()}
+
+
+def run_config(host: PluginHost, targets: list[str], *extra: str) -> RunConfig:
+    listed = ", ".join(repr(t) for t in targets)
+    return load_config(
+        overrides=[f"checkpoint.upload=[{listed}]", "storage.s3.max_attempts=2",
+                   "storage.s3.backoff_s=0.1", *extra],
+        registry=host.registry,
+    )
+
+
+def test_uploads_run_in_the_background_and_survive_an_outage(
+    s3: Bucket, host: PluginHost, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    checkpoint = make_checkpoint(out, 2)
+    export = make_export(out)
+    before = {"ckpt": digests(checkpoint), "export": digests(export)}
+    mirror = tmp_path / "mirror"
+    config = run_config(host, [f"s3://{s3.name}/runs/a", str(mirror)])
+    uploader = Uploader(host.registry, config, out, attempts=5, backoff_s=0.5,
+                        log=lambda message: None)
+
+    s3.proxy.stop()  # S3 is down while training goes on
+    started = time.monotonic()
+    uploader.submit(checkpoint, "checkpoints/step_2")
+    uploader.submit(export, "export/final")
+    assert time.monotonic() - started < 0.5  # submitting never waits for the network
+    threading.Timer(1.0, s3.proxy.start).start()
+
+    assert uploader.finish() == []
+    storage = host.registry.get("storage", "s3").build(config.component_config("storage", "s3"))
+    assert storage.get_dir(f"s3://{s3.name}/runs/a", tmp_path / "back")
+    remote = digests(tmp_path / "back")
+    assert {k[len("checkpoints/step_2/"):]: v for k, v in remote.items()
+            if k.startswith("checkpoints/step_2/") and not k.endswith(UPLOAD_MARKER)} \
+        == before["ckpt"]
+    assert {k[len("export/final/"):]: v for k, v in remote.items()
+            if k.startswith("export/final/")} == before["export"]
+    assert f"checkpoints/step_2/{UPLOAD_MARKER}" in remote  # checkpoint marked complete
+    assert not any(k.startswith("export/final/.upload") for k in remote)
+    assert digests(mirror / "checkpoints" / "step_2").keys() == before["ckpt"].keys() | \
+        {UPLOAD_MARKER}
+    # The local copies are intact and the hard-link snapshots are gone.
+    assert digests(checkpoint) == before["ckpt"] and digests(export) == before["export"]
+    assert not (out / ".uploads").exists()
+
+
+def test_checkpoint_pruned_while_its_upload_waits_is_still_uploaded(
+    s3: Bucket, host: PluginHost, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    checkpoint = make_checkpoint(out, 1)
+    expected = digests(checkpoint)
+    config = run_config(host, [f"s3://{s3.name}/runs/b"])
+    uploader = Uploader(host.registry, config, out, attempts=5, backoff_s=0.5,
+                        log=lambda message: None)
+    s3.proxy.stop()
+    uploader.submit(checkpoint, "checkpoints/step_1")
+    shutil.rmtree(checkpoint)  # as keep-N pruning does once newer checkpoints exist
+    threading.Timer(0.5, s3.proxy.start).start()
+
+    assert uploader.finish() == []
+    storage = host.registry.get("storage", "s3").build(config.component_config("storage", "s3"))
+    storage.get_dir(f"s3://{s3.name}/runs/b/checkpoints/step_1", tmp_path / "back")
+    remote = digests(tmp_path / "back")
+    assert remote.pop(UPLOAD_MARKER) and remote == expected
+    assert not (out / ".uploads").exists()
+
+
+def test_permanent_failure_is_reported_and_local_files_are_kept(
+    s3: Bucket, host: PluginHost, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    old = make_checkpoint(out, 1)
+    new = make_checkpoint(out, 2)
+    old_digests, new_digests = digests(old), digests(new)
+    mirror = tmp_path / "mirror"
+    target = f"s3://{s3.name}/runs/c"
+    config = run_config(host, [target, str(mirror)])
+    uploader = Uploader(host.registry, config, out, attempts=2, backoff_s=0.1)
+    s3.proxy.stop()  # and it never comes back
+
+    uploader.submit(old, "checkpoints/step_1")
+    uploader.submit(new, "checkpoints/step_2")
+    shutil.rmtree(old)  # pruned locally while its upload is pending
+    failures = uploader.finish()
+
+    assert len(failures) == 2
+    assert failures[0].startswith(f"{target}/checkpoints/step_1: ")
+    assert failures[1].startswith(f"{target}/checkpoints/step_2: ")
+    assert "cannot reach the S3 endpoint" in failures[1] and "after 2 attempt(s)" in failures[1]
+    assert f"local copy: {new})" in failures[1]
+    # The pruned checkpoint's snapshot is kept and named as the copy to push again.
+    kept = Path(failures[0].rsplit("local copy: ", 1)[1].rstrip(")"))
+    assert kept.is_relative_to(out / ".uploads") and digests(kept) == old_digests
+    assert digests(new) == new_digests
+    # The other target got everything.
+    assert digests(mirror / "checkpoints" / "step_1").keys() == old_digests.keys() | \
+        {UPLOAD_MARKER}
+    err = capsys.readouterr().err
+    assert "Upload report: 2 upload(s) did not complete" in err
+    assert f"{target}/checkpoints/step_2" in err and "reasonctl export" in err
+    assert "testing-secret-value" not in err and "testing-secret-value" not in "".join(failures)
+    assert uploader.finish() == failures  # idempotent
+
+
+def test_resume_pulls_newest_complete_checkpoint_into_empty_output_dir(
+    s3: Bucket, host: PluginHost, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = f"s3://{s3.name}/runs/d"
+    config = run_config(host, [target], "run.resume=true")
+    storage = host.registry.get("storage", "s3").build(config.component_config("storage", "s3"))
+    first = tmp_path / "first"
+    for step in (1, 3):
+        push(storage, make_checkpoint(first, step), f"{target}/checkpoints/step_{step}")
+    torn = make_checkpoint(first, 5)
+    storage.put_dir(torn, f"{target}/checkpoints/step_5")  # no completion marker
+    expected = digests(first / "checkpoints" / "step_3")
+
+    resumed = tmp_path / "resumed"
+    manager = CheckpointManager(resumed / "checkpoints", keep=2, is_main=True)
+    uploader = Uploader(host.registry, config, resumed)
+    pulled = uploader.pull_latest_checkpoint_if_missing(manager)
+
+    assert pulled == resumed / "checkpoints" / "step_3"
+    latest = manager.latest()
+    assert latest is not None and latest.step == 3 and latest.manifest["algorithm"] == {"pos": 3}
+    assert digests(pulled) == expected
+    assert manager.torn == []
+    assert "ignoring incomplete uploads" in capsys.readouterr().err
+    # A local checkpoint now exists: nothing more is pulled.
+    assert uploader.pull_latest_checkpoint_if_missing(manager) is None
+    assert uploader.finish() == []
+
+
+def test_resume_without_uploaded_checkpoints_starts_from_scratch(
+    s3: Bucket, host: PluginHost, tmp_path: Path
+) -> None:
+    messages: list[str] = []
+    config = run_config(host, [f"s3://{s3.name}/runs/none"], "run.resume=true")
+    uploader = Uploader(host.registry, config, tmp_path, log=messages.append)
+    manager = CheckpointManager(tmp_path / "checkpoints", keep=2, is_main=True)
+    assert uploader.pull_latest_checkpoint_if_missing(manager) is None
+    assert "starting from scratch" in messages[-1]
+    assert not (tmp_path / "checkpoints").exists()
+    no_resume = run_config(host, [f"s3://{s3.name}/runs/none"])
+    assert Uploader(host.registry, no_resume, tmp_path).pull_latest_checkpoint_if_missing(
+        manager) is None
