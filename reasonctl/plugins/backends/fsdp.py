@@ -1,0 +1,55 @@
+"""The ``fsdp`` backend plugin: FSDP2 / HSDP over the launched processes (``[backend.fsdp]``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from reasonctl.core.plugins import hookimpl
+
+
+class FSDPBackendConfig(BaseModel):
+    """``[backend.fsdp]``: sharding layout and memory/speed trade-offs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dp_replicate: int = Field(
+        default=1, ge=1,
+        description="Replicas of the sharded group (HSDP), e.g. the number of nodes.",
+    )
+    dp_shard: int = Field(
+        default=-1,
+        description="Ranks each parameter is sharded over; -1: world_size / dp_replicate.",
+    )
+    reshard_after_forward: bool = Field(
+        default=True,
+        description="Free gathered parameters after forward (less memory, one more gather).",
+    )
+    logprob_chunk_tokens: int = Field(
+        default=2048, gt=0,
+        description="Tokens per chunk of the output projection + log-softmax.",
+    )
+    export_shard_size: str = Field(
+        default="5GB", description="Largest safetensors shard of an export, e.g. '5GB'."
+    )
+
+
+def build_fsdp_backend(config: FSDPBackendConfig | None, **_: Any) -> Any:
+    """Shard the model over processes with FSDP2 (HSDP with dp_replicate > 1)."""
+    from reasonctl.backends.fsdp import FSDPBackend
+
+    config = config or FSDPBackendConfig()
+    return FSDPBackend(
+        dp_replicate=config.dp_replicate,
+        dp_shard=config.dp_shard,
+        reshard_after_forward=config.reshard_after_forward,
+        chunk_tokens=config.logprob_chunk_tokens,
+        export_shard_size=config.export_shard_size,
+    )
+
+
+@hookimpl
+def register_backends(register: Any) -> None:
+    """Register the ``fsdp`` backend."""
+    register("fsdp", build_fsdp_backend, config_model=FSDPBackendConfig)

@@ -1,0 +1,103 @@
+"""Exports are Hugging Face directories that reload in transformers with the trained logits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from reasonctl.core.config import load_config
+from reasonctl.core.plugins import PluginHost, hookimpl
+from reasonctl.core.runner import run
+from reasonctl.core.types import ContentPart, Message, Sample
+
+
+def chat(question: str, answer: str) -> Sample:
+    return Sample([Message("user", [ContentPart("text", text=question)]),
+                   Message("assistant", [ContentPart("text", text=answer)])])
+
+
+class KeepFinalModel:
+    """Records the trained model's logits and weights when the run ends."""
+
+    @hookimpl
+    def on_run_end(self, ctx: Any, status: str, error: Any) -> None:
+        model = ctx.backend.hf_model
+        with torch.no_grad():
+            self.logits = model(input_ids=PROBE).logits
+        self.params = {n: p.detach().clone() for n, p in model.named_parameters()}
+        self.full_state = {n: t.clone() for n, t in ctx.backend.full_state_dict()}
+
+
+PROBE = torch.tensor([[256, 10, 20, 30, 40, 50, 60, 70], [257, 1, 2, 3, 4, 5, 6, 7]])
+
+
+def train_and_export(
+    tmp_path: Path, model_dir: Path, *overrides: str
+) -> tuple[Path, KeepFinalModel]:
+    samples = [chat(f"{i} times two?", f"<answer>{2 * i}</answer>") for i in range(8)]
+
+    class Data:
+        @hookimpl
+        def register_datasets(self, register: Any) -> None:
+            from reasonctl.core.datasets import as_dataset
+
+            register("probe-data", lambda _cfg, **_: as_dataset(samples))
+
+    keeper = KeepFinalModel()
+    host = PluginHost.load()
+    host.add_plugin(Data(), name="probe-data")
+    host.add_plugin(keeper, name="keeper")
+    config = load_config(overrides=[
+        f"run.output_dir={tmp_path}", f"model.name_or_path={model_dir}",
+        "data.format=probe-data", "logging.loggers=[]", "backend.device=cpu",
+        "train.max_steps=3", "train.global_batch_size=4", "train.lr=1e-2", *overrides,
+    ], registry=host.registry)
+    result = run(config, host=host)
+    assert result.status == "completed" and result.export_dir is not None
+    return result.export_dir, keeper
+
+
+def test_export_reloads_with_matching_logits(tmp_path: Path, tiny_model_dir: Path) -> None:
+    export, keeper = train_and_export(tmp_path, tiny_model_dir)
+    assert export == tmp_path / "export" / "final"
+    for name in ("config.json", "generation_config.json", "tokenizer.json",
+                 "tokenizer_config.json", "model.safetensors"):
+        assert (export / name).is_file(), name
+    reloaded = AutoModelForCausalLM.from_pretrained(export)
+    with torch.no_grad():
+        logits = reloaded(input_ids=PROBE).logits
+    torch.testing.assert_close(logits, keeper.logits, atol=1e-5, rtol=0)
+    original = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        assert not torch.allclose(original(input_ids=PROBE).logits, logits, atol=1e-3)
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+
+
+def test_sharded_bfloat16_export_has_an_index(tmp_path: Path, tiny_model_dir: Path) -> None:
+    export, keeper = train_and_export(tmp_path, tiny_model_dir,
+                                      "backend.single.export_shard_size=100KB",
+                                      "checkpoint.export_dtype=bfloat16")
+    index = json.loads((export / "model.safetensors.index.json").read_text())
+    shards = set(index["weight_map"].values())
+    assert len(shards) > 1 and all((export / s).is_file() for s in shards)
+    assert json.loads((export / "config.json").read_text())["dtype"] == "bfloat16"
+    reloaded = AutoModelForCausalLM.from_pretrained(export)
+    assert reloaded.dtype == torch.bfloat16
+    live = keeper.params
+    for name, param in reloaded.named_parameters():
+        torch.testing.assert_close(param, live[name].detach().to(torch.bfloat16))
+
+
+def test_full_state_dict_yields_hf_names(tmp_path: Path, tiny_model_dir: Path) -> None:
+    _, keeper = train_and_export(tmp_path, tiny_model_dir, "train.max_steps=1")
+    names = keeper.full_state
+    fresh = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert set(fresh.state_dict()) == set(names)
+    fresh.load_state_dict(names)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(input_ids=PROBE).logits, keeper.logits)

@@ -1,0 +1,146 @@
+"""FSDP2 on CPU (gloo): 2 processes follow the single-process loss curve and reshard on resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from reasonctl.core.config import load_config
+from reasonctl.core.plugins import PluginHost
+from reasonctl.core.runner import run
+from reasonctl.plugins.loggers.jsonl import read_metrics
+
+STEPS = 6
+
+
+def write_run_files(root: Path, model_dir: Path) -> Path:
+    rows = [
+        {"messages": [{"role": "user", "content": f"reverse {w}"},
+                      {"role": "assistant", "content": f"<answer>{w[::-1]}</answer>"}]}
+        for w in ("abc", "hello", "torch", "shard", "gloo", "mesh", "rank", "step")
+    ]
+    data = root / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = root / "run.toml"
+    config.write_text(f"""
+[run]
+seed = 3
+
+[model]
+name_or_path = "{model_dir}"
+
+[data]
+format = "jsonl"
+
+[data.jsonl]
+path = "{data}"
+
+[train]
+lr = 5e-3
+max_steps = {STEPS}
+global_batch_size = 4
+micro_batch_size = 1
+schedule = "linear"
+weight_decay = 0.01
+
+[backend]
+device = "cpu"
+
+[checkpoint]
+every_steps = 3
+
+[logging]
+loggers = ["jsonl"]
+plot = false
+""")
+    return config
+
+
+def run_in_process(config_file: Path, *overrides: str) -> Any:
+    host = PluginHost.load()
+    config = load_config(config_file, overrides, registry=host.registry)
+    return run(config, host=host)
+
+
+def launch(config_file: Path, output_dir: Path, *extra: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "reasonctl", "run", "--backend", "fsdp",
+               "--nproc-per-node", "2", "--config", str(config_file),
+               "--output-dir", str(output_dir), *extra]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
+def losses(output_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(output_dir / "metrics.jsonl")}
+
+
+def export_weights(output_dir: Path) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for file in (output_dir / "export" / "final").glob("*.safetensors"):
+        tensors.update(load_file(file))
+    return tensors
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """The single-process run every FSDP run is compared with."""
+    root = tmp_path_factory.mktemp("fsdp-ref")
+    config = write_run_files(root, tiny_model_dir)
+    result = run_in_process(config, f"run.output_dir={root / 'single'}", "backend.name=single")
+    assert result.status == "completed"
+    return root
+
+
+def assert_close_runs(got: Path, want: Path, steps: range, *, rel: float = 1e-4) -> None:
+    got_losses, want_losses = losses(got), losses(want)
+    for step in steps:
+        assert got_losses[step] == pytest.approx(want_losses[step], rel=rel), step
+    got_weights, want_weights = export_weights(got), export_weights(want)
+    assert got_weights.keys() == want_weights.keys()
+    for name, tensor in got_weights.items():
+        torch.testing.assert_close(tensor, want_weights[name], atol=1e-5, rtol=1e-4)
+
+
+def test_fsdp_in_one_process_matches_single(reference: Path) -> None:
+    out = reference / "fsdp1"
+    result = run_in_process(reference / "run.toml", f"run.output_dir={out}", "backend.name=fsdp")
+    assert result.status == "completed"
+    assert not torch.distributed.is_initialized()  # the backend cleaned up its group
+    assert_close_runs(out, reference / "single", range(1, STEPS + 1))
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_processes_match_single_and_resume_in_one(reference: Path) -> None:
+    out = reference / "fsdp2"
+    launch(reference / "run.toml", out)
+    assert sorted(losses(out)) == list(range(1, STEPS + 1))
+    assert_close_runs(out, reference / "single", range(1, STEPS + 1))
+    state = out / "checkpoints" / "step_3" / "state"
+    assert len(list(state.glob("*.distcp"))) == 2  # one file per rank
+
+    resumed = reference / "resumed-in-one"
+    result = run_in_process(
+        reference / "run.toml", f"run.output_dir={resumed}", "backend.name=single",
+        f"run.resume={json.dumps(str(out / 'checkpoints' / 'step_3'))}",
+    )
+    assert result.status == "completed" and result.steps == STEPS
+    assert sorted(losses(resumed)) == list(range(4, STEPS + 1))
+    assert_close_runs(resumed, out, range(4, STEPS + 1))
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_hsdp_replicas_match_single(reference: Path) -> None:
+    out = reference / "hsdp"
+    launch(reference / "run.toml", out, "--set", "backend.fsdp.dp_replicate=2")
+    assert_close_runs(out, reference / "single", range(1, STEPS + 1))
