@@ -170,3 +170,18 @@ def test_packed_batch_loss_equals_unpacked_loss(tiny_tokenizer, tiny_model_dir, 
     torch.testing.assert_close(packed, unpacked, atol=1e-5, rtol=0)
     assert abs(packed.sum() - unpacked.sum()) < 1e-4
     assert not torch.allclose(crossing, unpacked, atol=1e-3)
+
+
+def test_collate_lays_out_per_token_extras_and_refuses_packed_media():
+    image = EncodedSample(
+        [1, 7, 7, 2], [0, 0, 0, 1],
+        extras={"pixel_values": torch.ones(8, 3), "image_grid_thw": torch.tensor([[1, 2, 4]]),
+                "mm_token_type_ids": torch.tensor([0, 1, 1, 0])},
+    )
+    text = EncodedSample([1, 2], [0, 1])
+    batch = collate([text, image], pad_id=0)
+    assert batch["mm_token_type_ids"].tolist() == [[0, 0, 0, 0], [0, 1, 1, 0]]
+    assert batch["pixel_values"].shape == (8, 3)
+    assert batch["image_grid_thw"].tolist() == [[1, 2, 4]]
+    with pytest.raises(ValueError, match="data.packing = false"):
+        collate([text, image], pad_id=0, pack=True)

@@ -180,7 +180,7 @@ class ChatProcessor:
         ``max_length`` tokens (so the generation prompt survives) and is flagged
         ``truncated``.
         """
-        messages = self._with_system_prompt(Sample(sample.prompt_messages()).messages)
+        messages = self._with_system_prompt(sample.prompt_messages())
         if not messages:
             raise DataError(f"{_where(sample)}: the prompt is empty (no non-assistant message)")
         text = self._render(messages, add_generation_prompt=True, sample=sample)

@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator
 
 from reasonctl.core.plugins import hookimpl
 from reasonctl.plugins.data.common import MediaOptions
@@ -65,14 +65,15 @@ class HfConfig(MediaOptions):
     )
     revision: str | None = Field(default=None, description="Hub revision to load.")
 
-    @model_validator(mode="after")
-    def _check_split(self) -> HfConfig:
-        if not SPLIT_PATTERN.match(self.split):
+    @field_validator("split")
+    @classmethod
+    def _check_split(cls, split: str) -> str:
+        if not SPLIT_PATTERN.match(split):
             raise ValueError(
-                f"split {self.split!r} is not a split name with optional slicing, e.g. "
-                "'train', 'train[:100]', 'test[10:20]' or 'train[:5%]'"
+                f"{split!r} is not a split name with optional slicing, e.g. 'train', "
+                "'train[:100]', 'test[10:20]' or 'train[:5%]'"
             )
-        return self
+        return split
 
 
 def build_hf_dataset(config: HfConfig | None, data: Any = None) -> ListDataset:
