@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +74,10 @@ class HFRolloutEngine:
     ``model`` is the policy module (shared, not copied) or the engine's own copy.
     ``tokenizer`` decodes completions and stop strings. ``eos_token_ids`` end a completion;
     by default they are read from the model's generation config and the tokenizer.
-    ``max_batch_size`` bounds how many sequences decode together.
+    ``max_batch_size`` bounds how many sequences decode together. ``autocast`` is a
+    zero-argument callable returning the context the forward passes run in (the trainer's
+    mixed-precision context when the policy module is shared). ``shares_policy_weights``
+    tells the algorithm that the model *is* the policy, so no weight sync is needed.
     """
 
     def __init__(
@@ -85,6 +88,8 @@ class HFRolloutEngine:
         eos_token_ids: Iterable[int] | None = None,
         pad_token_id: int | None = None,
         max_batch_size: int = 64,
+        autocast: Callable[[], AbstractContextManager[Any]] | None = None,
+        shares_policy_weights: bool = False,
     ) -> None:
         if max_batch_size <= 0:
             raise ValueError(f"max_batch_size must be positive (got {max_batch_size})")
@@ -101,6 +106,8 @@ class HFRolloutEngine:
         pad = pad_token_id if pad_token_id is not None else tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else min(self.eos_token_ids))
         self.max_batch_size = max_batch_size
+        self.autocast = autocast or nullcontext
+        self.shares_policy_weights = shares_policy_weights
         self.last_stats = RolloutStats()
         forward = inspect.signature(type(model).forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward else "past_key_values"
@@ -218,7 +225,7 @@ class HFRolloutEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), self.autocast():
                 yield
         finally:
             if was_training:

@@ -1,0 +1,73 @@
+"""The ``hf`` rollout engine plugin: embedded generation with the policy's own weights.
+
+Config section ``[rollout.hf]``. The engine itself lives in
+:mod:`reasonctl.rollout.hf_engine`; this module only registers it and decides, from the
+run's backend, whether the engine shares the policy module or keeps its own copy.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from reasonctl.core.plugins import hookimpl
+
+if TYPE_CHECKING:
+    from reasonctl.core.context import RunContext
+    from reasonctl.core.registry import Registrar
+
+
+class HFRolloutConfig(BaseModel):
+    """``[rollout.hf]``: how the embedded engine runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_batch_size: int = Field(
+        default=64, gt=0, description="Sequences (prompts x n) decoded together at most."
+    )
+    share_weights: bool = Field(
+        default=True,
+        description="On a one-process backend, generate with the policy module itself (no "
+        "copy). false: keep a separate copy refreshed from the trainer before each rollout.",
+    )
+
+
+def build_hf_engine(config: HFRolloutConfig | None, *, ctx: RunContext) -> Any:
+    """Build the engine for the run in ``ctx``.
+
+    With a one-process backend and ``share_weights`` the engine generates with the
+    backend's model under the backend's autocast. Otherwise (e.g. FSDP) it loads its own
+    unsharded copy on the backend's device; the algorithm refreshes it with
+    ``update_weights(backend.full_state_dict())`` before each rollout.
+    """
+    from transformers import AutoTokenizer
+
+    from reasonctl.models.loading import compute_dtype, load_pretrained, model_source
+    from reasonctl.rollout.hf_engine import HFRolloutEngine
+
+    config = config or HFRolloutConfig()
+    backend = ctx.backend
+    if backend is None:
+        raise RuntimeError("the hf rollout engine is built after the backend is set up")
+    source = model_source(ctx)
+    tokenizer = AutoTokenizer.from_pretrained(
+        source.tokenizer_dir, trust_remote_code=ctx.config.model.trust_remote_code
+    )
+    shared = getattr(backend, "hf_model", None)
+    if config.share_weights and backend.world_size == 1 and shared is not None:
+        return HFRolloutEngine(
+            shared, tokenizer, max_batch_size=config.max_batch_size,
+            autocast=getattr(backend, "autocast", None), shares_policy_weights=True,
+        )
+    dtype = compute_dtype(ctx.config.model.dtype, backend.device)
+    model = load_pretrained(source.model_dir, ctx.config.model, param_dtype=dtype,
+                            device=backend.device)
+    model.requires_grad_(False)
+    return HFRolloutEngine(model, tokenizer, max_batch_size=config.max_batch_size)
+
+
+@hookimpl
+def register_rollout_engines(register: Registrar) -> None:
+    """Register the embedded ``hf`` engine."""
+    register("hf", build_hf_engine, config_model=HFRolloutConfig)

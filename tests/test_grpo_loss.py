@@ -1,0 +1,141 @@
+"""GRPO loss math against values computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from reasonctl.algorithms.grpo_loss import (
+    PolicyLossSettings,
+    aggregate,
+    group_advantages,
+    importance_log_ratio,
+    kl_estimate,
+    policy_loss,
+)
+
+
+def test_group_advantages_scaled_by_unbiased_group_std() -> None:
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0])
+    adv = group_advantages(rewards, 2)
+    # group [1, 0]: mean 0.5, unbiased std sqrt(0.5); the equal group gets zeros
+    expected = 0.5 / (math.sqrt(0.5) + 1e-6)
+    assert adv.tolist() == pytest.approx([expected, -expected, -expected, expected, 0.0, 0.0])
+
+
+def test_group_advantages_without_std_scaling_is_centred_reward() -> None:
+    rewards = torch.tensor([3.0, 1.0, 2.0, 0.0, 0.0, 0.0])
+    adv = group_advantages(rewards, 3, scale="none")
+    assert adv.tolist() == pytest.approx([1.0, -1.0, 0.0, 0.0, 0.0, 0.0])
+
+
+def test_group_advantages_rejects_ragged_groups() -> None:
+    with pytest.raises(ValueError, match="multiple of group_size=4"):
+        group_advantages(torch.zeros(6), 4)
+
+
+def test_kl_estimators_match_closed_forms() -> None:
+    logp = torch.tensor([math.log(0.5)])
+    ref = torch.tensor([math.log(0.25)])
+    # d = ref - logp = log(1/2)
+    d = math.log(0.5)
+    assert kl_estimate(logp, ref, "k1").item() == pytest.approx(-d)
+    assert kl_estimate(logp, ref, "k2").item() == pytest.approx(0.5 * d * d)
+    assert kl_estimate(logp, ref, "k3").item() == pytest.approx(0.5 - d - 1)
+    same = kl_estimate(logp, logp, "k3")
+    assert same.item() == 0.0
+
+
+def test_token_ratio_clipping_is_pessimistic_and_counts_clipped_tokens() -> None:
+    old = torch.zeros(1, 4)
+    # ratios 1.5, 1.5, 0.5, 1.25 with advantages +1, -1, -1 per sequence below
+    logp = torch.log(torch.tensor([[1.5, 1.5, 0.5, 1.25]])).repeat(3, 1)
+    logp.requires_grad_(True)
+    adv = torch.tensor([1.0, -1.0, 0.0])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]])
+    settings = PolicyLossSettings(epsilon_low=0.2, epsilon_high=0.28,
+                                  loss_aggregation="token-mean")
+    loss, metrics = policy_loss(logp, old.expand(3, 4), adv, mask, settings)
+    # A=+1: -min(r, clip(r)) -> [-1.28, -1.28, -0.5, -1.25]
+    # A=-1: max(r, clip(r))  -> [1.5, 1.5, 0.8, 1.25]
+    expected = (-1.28 - 1.28 - 0.5 - 1.25 + 1.5 + 1.5 + 0.8 + 1.25) / 8
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert metrics["clip_frac/high"] == pytest.approx(2 / 8)
+    assert metrics["clip_frac/low"] == pytest.approx(1 / 8)
+    loss.backward()
+    grad = logp.grad
+    assert grad is not None
+    # clipped tokens carry no gradient; unclipped ones get -A * r / N
+    assert grad[0].tolist() == pytest.approx([0.0, 0.0, -0.5 / 8, -1.25 / 8])
+    assert grad[1].tolist() == pytest.approx([1.5 / 8, 1.5 / 8, 0.0, 1.25 / 8])
+    assert grad[2].abs().sum().item() == 0.0
+
+
+def test_aggregations_on_a_ragged_batch() -> None:
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    assert aggregate(values, mask, "token-mean").item() == pytest.approx(10 / 4)
+    assert aggregate(values, mask, "seq-mean-token-mean").item() == pytest.approx((2 + 4) / 2)
+    assert aggregate(values, mask, "seq-mean-token-sum-norm", max_tokens=4).item() == (
+        pytest.approx((6 / 4 + 4 / 4) / 2)
+    )
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_global_normalisers_make_micro_batches_add_up(mode: str) -> None:
+    torch.manual_seed(0)
+    values = torch.randn(6, 5)
+    mask = (torch.rand(6, 5) > 0.3).long()
+    mask[:, 0] = 1
+    whole = aggregate(values, mask, mode, max_tokens=5)
+    tokens, sequences = float(mask.sum()), 6.0
+    parts = sum(
+        aggregate(values[i : i + 2], mask[i : i + 2], mode, num_tokens=tokens,
+                  num_sequences=sequences, max_tokens=5)
+        for i in range(0, 6, 2)
+    )
+    assert float(parts) == pytest.approx(whole.item(), abs=1e-6)
+
+
+def test_sum_norm_needs_its_constant() -> None:
+    with pytest.raises(ValueError, match="max_tokens"):
+        aggregate(torch.ones(1, 2), torch.ones(1, 2), "seq-mean-token-sum-norm")
+
+
+def test_sequence_level_ratio_is_the_masked_mean_log_ratio() -> None:
+    logp = torch.tensor([[0.1, 0.3, 5.0]])
+    old = torch.zeros(1, 3)
+    mask = torch.tensor([[1, 1, 0]])
+    ratio = importance_log_ratio(logp, old, mask, "sequence")
+    assert ratio[0].tolist() == pytest.approx([0.2, 0.2, 0.2])
+    assert importance_log_ratio(logp, old, mask, "token")[0].tolist() == pytest.approx(
+        [0.1, 0.3, 5.0]
+    )
+
+
+def test_sequence_level_clipping_clips_whole_sequences() -> None:
+    logp = torch.tensor([[0.5, 0.5], [0.05, 0.05]])
+    old = torch.zeros(2, 2)
+    settings = PolicyLossSettings(importance_level="sequence")
+    _, metrics = policy_loss(logp, old, torch.tensor([1.0, 1.0]), torch.ones(2, 2), settings)
+    # exp(0.5) > 1.2 clips both tokens of row 0; exp(0.05) < 1.2 clips nothing
+    assert metrics["clip_frac/high"] == pytest.approx(0.5)
+
+
+def test_kl_penalty_and_entropy_bonus_enter_the_loss() -> None:
+    logp = torch.full((1, 2), math.log(0.5))
+    ref = torch.full((1, 2), math.log(0.25))
+    entropy = torch.tensor([[1.0, 3.0]])
+    mask = torch.ones(1, 2)
+    base = PolicyLossSettings()
+    plain, _ = policy_loss(logp, logp, torch.tensor([0.5]), mask, base)
+    assert plain.item() == pytest.approx(-0.5)
+    settings = PolicyLossSettings(kl_beta=0.1, kl_estimator="k3", entropy_bonus=0.01)
+    loss, metrics = policy_loss(logp, logp, torch.tensor([0.5]), mask, settings,
+                                ref_logprobs=ref, entropy=entropy)
+    k3 = 0.5 - math.log(0.5) - 1
+    assert metrics["kl"] == pytest.approx(k3)
+    assert metrics["entropy"] == pytest.approx(2.0)
+    assert loss.item() == pytest.approx(-0.5 + 0.1 * k3 - 0.01 * 2.0)
