@@ -148,3 +148,34 @@ def test_batch_layout_splits_ranks_and_micro_batches() -> None:
     assert layout.micro_chunks(layout.rank_slice(items, 0)) == [[0, 1], [2, 3]]
     with pytest.raises(ConfigError, match="multiple of world size"):
         BatchLayout.from_train(TrainSection(global_batch_size=6, micro_batch_size=4), 1)
+
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = ("quickstart_sft", "qwen2_5_sft", "qwen2_5_vl_video_sft", "llava_sft")
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_configs_validate(name: str) -> None:
+    from reasonctl.core.config import load_config
+
+    config = load_config(REPO / "examples" / "configs" / f"{name}.toml")
+    assert config.algorithm.name == "sft"
+
+
+@pytest.mark.slow
+def test_quickstart_learns_the_bundled_data(tmp_path: Path, monkeypatch: Any) -> None:
+    from reasonctl.core.config import load_config
+    from reasonctl.core.runner import run as run_config
+
+    monkeypatch.chdir(REPO)  # the config's data path is relative to the repository root
+    recorder = StepRecorder()
+    config = load_config(REPO / "examples" / "configs" / "quickstart_sft.toml", [
+        f"run.output_dir={tmp_path}", "logging.loggers=[]", "backend.device=cpu",
+    ])
+    from reasonctl.core.plugins import PluginHost
+
+    host = PluginHost.load()
+    host.add_plugin(recorder, name="recorder")
+    result = run_config(config, host=host)
+    assert result.status == "completed" and result.export_dir is not None
+    assert recorder.losses[-1] < 0.5 * recorder.losses[0]
