@@ -101,3 +101,64 @@ def test_full_state_dict_yields_hf_names(tmp_path: Path, tiny_model_dir: Path) -
     fresh.load_state_dict(names)
     with torch.no_grad():
         torch.testing.assert_close(fresh(input_ids=PROBE).logits, keeper.logits)
+
+
+def test_vision_language_sft_with_frozen_tower_exports_and_reloads(tmp_path: Path) -> None:
+    from data_factories import write_png, write_tiny_mp4
+    from transformers import AutoModelForImageTextToText
+
+    from reasonctl.data.processing import ChatProcessor, collate
+    from reasonctl.models.tiny_vl import make_tiny_qwen2_5_vl_dir
+    from reasonctl.sdk.api import run as sdk_run
+
+    model_dir = make_tiny_qwen2_5_vl_dir(tmp_path / "tiny-vl", seed=0)
+    image = write_png(tmp_path / "img.png", (56, 56))
+    video = write_tiny_mp4(tmp_path / "clip.mp4", frames=8, fps=4, size=(32, 32))
+
+    def media(kind: str, path: Path, answer: str, **settings: Any) -> Sample:
+        return Sample([Message("user", [ContentPart(kind, path=str(path), **settings),
+                                        ContentPart("text", text="What is shown?")]),
+                       Message("assistant", [ContentPart("text", text=answer)])])
+
+    samples = [media("image", image, "<answer>noise</answer>"),
+               media("video", video, "<answer>a fading clip</answer>", fps=2)]
+
+    class Final:
+        @hookimpl
+        def on_step_end(self, ctx: Any, step: int, metrics: dict[str, float]) -> None:
+            self.losses = [*getattr(self, "losses", []), metrics["loss"]]
+
+        @hookimpl
+        def on_run_end(self, ctx: Any, status: str, error: Any) -> None:
+            self.batch = collate([ctx.state["processor"].encode_sft(s) for s in samples],
+                                 ctx.state["processor"].pad_id)
+            self.logprobs = ctx.backend.token_outputs(self.batch).logprobs
+
+    final = Final()
+    config = {
+        "run": {"output_dir": str(tmp_path / "run")},
+        "model": {"name_or_path": str(model_dir), "freeze": [r"^model\.visual\."],
+                  "max_length": 512},
+        "train": {"lr": 1e-2, "max_steps": 8, "global_batch_size": 2},
+        "backend": {"name": "single", "device": "cpu"},
+        "logging": {"loggers": []},
+    }
+    result = sdk_run(config, datasets=samples, plugins=[final])
+    assert result.status == "completed" and result.export_dir is not None
+    assert final.losses[-1] < 0.5 * final.losses[0]
+    assert (result.export_dir / "preprocessor_config.json").is_file()
+
+    exported = AutoModelForImageTextToText.from_pretrained(result.export_dir)
+    source = AutoModelForImageTextToText.from_pretrained(model_dir)
+    exported_params = dict(exported.named_parameters())
+    for name, param in source.named_parameters():
+        same = torch.equal(param, exported_params[name])
+        assert same == name.startswith("model.visual."), name
+    inputs = {k: v for k, v in final.batch.items() if k != "loss_mask"}
+    with torch.no_grad():
+        logits = exported(**inputs, use_cache=False).logits[:, :-1].float()
+    want = torch.log_softmax(logits, -1).gather(
+        -1, final.batch["input_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)
+    valid = final.batch["attention_mask"][:, 1:].bool()
+    torch.testing.assert_close(final.logprobs[valid], want[valid], atol=1e-5, rtol=1e-5)
+    ChatProcessor.from_pretrained(result.export_dir, max_length=64)  # processor files travel

@@ -144,3 +144,45 @@ def test_hsdp_replicas_match_single(reference: Path) -> None:
     out = reference / "hsdp"
     launch(reference / "run.toml", out, "--set", "backend.fsdp.dp_replicate=2")
     assert_close_runs(out, reference / "single", range(1, STEPS + 1))
+
+
+def test_vision_language_model_shards_its_vision_blocks_too(tmp_path: Path) -> None:
+    from data_factories import write_png
+
+    from reasonctl.core.plugins import hookimpl
+    from reasonctl.core.types import ContentPart, Message, Sample
+    from reasonctl.models.tiny_vl import make_tiny_qwen2_5_vl_dir
+    from reasonctl.sdk.api import run as sdk_run
+
+    model_dir = make_tiny_qwen2_5_vl_dir(tmp_path / "tiny-vl", seed=0)
+    samples = [
+        Sample([Message("user", [ContentPart("image", path=str(write_png(
+                    tmp_path / f"{i}.png", (56, 56), seed=i))),
+                                 ContentPart("text", text="Which picture?")]),
+                Message("assistant", [ContentPart("text", text=f"<answer>{i}</answer>")])])
+        for i in range(4)
+    ]
+
+    class Losses:
+        def __init__(self) -> None:
+            self.values: list[float] = []
+
+        @hookimpl
+        def on_step_end(self, ctx: Any, step: int, metrics: dict[str, float]) -> None:
+            self.values.append(metrics["loss"])
+
+    curves = {}
+    for backend in ("single", "fsdp"):
+        losses = Losses()
+        result = sdk_run({
+            "run": {"output_dir": str(tmp_path / backend)},
+            "model": {"name_or_path": str(model_dir), "max_length": 512},
+            "train": {"lr": 1e-2, "max_steps": 3, "global_batch_size": 4,
+                      "micro_batch_size": 2},
+            "backend": {"name": backend, "device": "cpu"},
+            "logging": {"loggers": []},
+            "checkpoint": {"export_final": False},
+        }, datasets=samples, plugins=[losses])
+        assert result.status == "completed"
+        curves[backend] = losses.values
+    assert curves["fsdp"] == pytest.approx(curves["single"], rel=1e-4)

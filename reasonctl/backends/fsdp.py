@@ -73,6 +73,11 @@ class FSDPBackend(TorchBackend):
         self.mesh = self._build_mesh()
         self.grad_scale = float(self.world_size)
 
+        # rank 0 resolves first (creates the tiny model, downloads remote weights) so the
+        # other ranks find a finished local directory
+        if self.is_main:
+            self.source = model_source(ctx)
+        dist.barrier()
         self.source = model_source(ctx)
         on_meta = self.rank != 0
         hf_model = load_pretrained(self.source.model_dir, config.model,
