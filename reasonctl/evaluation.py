@@ -1,0 +1,319 @@
+"""Accuracy of a model on a data set: generate, parse the answer, compare, tabulate.
+
+:func:`evaluate` loads a model directory (a training export or any Hugging Face model),
+generates one answer per sample with the embedded rollout engine (greedy unless the
+config sets ``rollout.temperature``), parses each answer per ``answer_format`` with the
+same parsers the rewards use, and returns an :class:`EvalReport`; :func:`write_report`
+stores ``predictions.jsonl`` and ``summary.json``; :func:`accuracy_table` renders the
+overall and per-source accuracy.
+
+Answer formats:
+
+- ``letter``: a multiple-choice letter, read from an ``<answer>`` block when present,
+  else from the whole response (``B``, ``(B)``, ``Answer: B`` ...);
+- ``reasoning``: ``<think>...</think><answer>...</answer>``; only the ``<answer>`` block
+  counts, and a response without one is wrong;
+- ``free``: the whole response.
+
+The parsed answer is compared with the reference as a choice letter when the sample is
+multiple choice (options in ``meta``/``qa_pairs`` or a letter reference), else as a
+number or math expression when the reference is one, else as normalised text.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from reasonctl.core.errors import ConfigError, ReasonctlError
+from reasonctl.core.types import Sample, SamplingParams
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from reasonctl.core.config import RunConfig
+    from reasonctl.core.protocols import Dataset
+    from reasonctl.core.registry import Registry
+
+AnswerFormat = Literal["letter", "reasoning", "free"]
+ANSWER_FORMATS: tuple[str, ...] = ("letter", "reasoning", "free")
+ANSWER_TAG = "answer"
+DATA_PATH_KEYS = ("path", "name", "root")
+"""The key of a dataset format's config that names its data (jsonl/llava, hf, video_folder)."""
+
+
+@dataclass
+class Prediction:
+    """One evaluated sample, as written to ``predictions.jsonl``."""
+
+    prompt: str
+    response: str
+    parsed: str | None
+    reference: Any
+    correct: bool
+    source: str
+    finish_reason: str = "stop"
+    sample: str = ""
+
+
+@dataclass
+class EvalReport:
+    """All predictions of an evaluation and their accuracy."""
+
+    predictions: list[Prediction] = field(default_factory=list)
+    model: str = ""
+    data: str = ""
+    answer_format: str = "reasoning"
+
+    @property
+    def accuracy(self) -> float:
+        """Fraction of correct predictions (0 for an empty report)."""
+        if not self.predictions:
+            return 0.0
+        return sum(p.correct for p in self.predictions) / len(self.predictions)
+
+    def by_source(self) -> dict[str, tuple[int, int]]:
+        """Source -> (correct, total), sources in order of first appearance."""
+        out: dict[str, tuple[int, int]] = {}
+        for p in self.predictions:
+            correct, total = out.get(p.source, (0, 0))
+            out[p.source] = (correct + int(p.correct), total + 1)
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Accuracy overall and per source, as plain data."""
+        return {
+            "model": self.model,
+            "data": self.data,
+            "answer_format": self.answer_format,
+            "samples": len(self.predictions),
+            "accuracy": self.accuracy,
+            "by_source": {
+                source: {"correct": c, "total": t, "accuracy": c / t if t else 0.0}
+                for source, (c, t) in self.by_source().items()
+            },
+        }
+
+
+# --- scoring ------------------------------------------------------------------------------
+
+
+def parse_and_score(response: str, sample: Sample, answer_format: str) -> tuple[str | None, bool]:
+    """The answer parsed from ``response`` and whether it matches ``sample``'s reference."""
+    from reasonctl.plugins.rewards.answers import (
+        extract_choice_letter,
+        extract_final_number,
+        extract_tagged,
+        math_answers_match,
+        normalize_text,
+        numbers_match,
+        parse_number,
+    )
+    from reasonctl.plugins.rewards.choice import choice_question
+
+    if answer_format not in ANSWER_FORMATS:
+        raise ConfigError([f"--answer-format: {answer_format!r} is not one of "
+                           f"{', '.join(ANSWER_FORMATS)}"])
+    tagged = extract_tagged(response, ANSWER_TAG)
+    if answer_format == "reasoning":
+        region = tagged
+    elif answer_format == "letter":
+        region = tagged if tagged is not None else response
+    else:
+        region = response
+    if region is None or not region.strip():
+        return None, False
+    question = choice_question(sample)
+    if question is not None and (question.options or question.letter is not None):
+        valid = "".join(question.options) or _reference_letters(question.letter)
+        picked = extract_choice_letter(region, letters=valid)
+        if picked is None and question.options:
+            key = normalize_text(region)
+            picked = next((k for k, v in question.options.items() if normalize_text(v) == key),
+                          None)
+        if question.letter is not None:
+            return picked, picked == question.letter
+        chosen = question.options.get(picked, region) if picked else region
+        correct = normalize_text(chosen) == normalize_text(question.text or "")
+        return picked or region.strip(), correct
+    reference = sample.reference
+    answer = region.strip()
+    if reference is None:
+        return answer, False
+    if isinstance(reference, (int, float)) or parse_number(str(reference)) is not None:
+        number = extract_final_number(answer)
+        correct = math_answers_match(answer, reference) or (
+            number is not None and bool(numbers_match(number, reference))
+        )
+        return answer, correct
+    references = reference if isinstance(reference, (list, tuple)) else [reference]
+    return answer, any(normalize_text(answer) == normalize_text(str(r)) for r in references)
+
+
+def _reference_letters(letter: str | None) -> str:
+    from reasonctl.plugins.rewards.answers import LETTERS
+
+    if letter is None:
+        return LETTERS
+    return LETTERS[: max(LETTERS.index(letter) + 1, 4)]
+
+
+# --- running --------------------------------------------------------------------------------
+
+
+def load_eval_dataset(
+    config: RunConfig, registry: Registry, data: str | None = None
+) -> Dataset:
+    """The evaluation samples: ``data`` (a file, directory or dataset name) read with the
+    configured ``data.format`` (``.json`` files with LLaVA ``conversations`` are read as
+    ``llava`` unless ``data.format`` is set explicitly), else ``[eval] data``."""
+    path = data or config.eval.data
+    if path is None:
+        raise ConfigError(["eval.data: no evaluation data; pass --data FILE or set eval.data"])
+    fmt = config.data.format
+    if "format" not in config.data.model_fields_set and _is_llava_file(Path(path)):
+        fmt = "llava"
+    spec = registry.get("dataset", fmt)
+    options = config.component_config("data", fmt)
+    fields = type(options).model_fields if options is not None else {}
+    key = next((k for k in DATA_PATH_KEYS if k in fields), None)
+    if key is None:
+        raise ConfigError([f"data.format {fmt!r} has no path/name/root option; configure its "
+                           "data with --config and leave out --data"])
+    assert options is not None
+    dataset = spec.build(options.model_copy(update={key: path}), data=config.data)
+    if len(dataset) == 0:
+        raise ReasonctlError(f"the evaluation data {path} holds no samples")
+    return dataset
+
+
+def _is_llava_file(path: Path) -> bool:
+    if path.suffix != ".json" or not path.is_file():
+        return False
+    head = path.read_text(encoding="utf-8", errors="replace")[:4096]
+    return head.lstrip().startswith("[") and '"conversations"' in head
+
+
+def sampling_for_eval(config: RunConfig, *, seed: int) -> SamplingParams:
+    """Greedy decoding with ``rollout.max_new_tokens``/``stop``; sampling only when the
+    config sets ``rollout.temperature`` explicitly."""
+    rollout = config.rollout
+    temperature = rollout.temperature if "temperature" in rollout.model_fields_set else 0.0
+    return SamplingParams(n=1, temperature=temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                          max_new_tokens=rollout.max_new_tokens, stop=list(rollout.stop),
+                          seed=seed)
+
+
+def load_engine(model: str, config: RunConfig, registry: Registry) -> tuple[Any, Any]:
+    """Load ``model`` for generation; return ``(engine, chat processor)``."""
+    from reasonctl.backends.single import resolve_device
+    from reasonctl.data.processing import ChatProcessor
+    from reasonctl.models.loading import compute_dtype, load_pretrained, resolve_model_dir
+    from reasonctl.rollout.hf_engine import HFRolloutEngine
+
+    model_dir = resolve_model_dir(model, registry=registry, config=config)
+    device = resolve_device(config.backend.device)
+    weights = load_pretrained(model_dir, config.model,
+                              param_dtype=compute_dtype(config.model.dtype, device), device=device)
+    weights.requires_grad_(False)
+    processor = ChatProcessor.from_pretrained(
+        model_dir, max_length=config.model.max_length,
+        trust_remote_code=config.model.trust_remote_code,
+    )
+    hf_options = config.component_config("rollout", "hf")
+    batch = getattr(hf_options, "max_batch_size", 64)
+    return HFRolloutEngine(weights, processor.tokenizer, max_batch_size=batch), processor
+
+
+def evaluate(
+    config: RunConfig,
+    registry: Registry,
+    *,
+    model: str,
+    data: str | None = None,
+    answer_format: str | None = None,
+    max_samples: int | None = None,
+    seed: int = 0,
+) -> EvalReport:
+    """Generate an answer for every sample and score it (see the module docstring)."""
+    import torch
+
+    from reasonctl.algorithms.prompting import layout_mcq
+
+    answer_format = answer_format or config.eval.answer_format
+    if answer_format not in ANSWER_FORMATS:
+        raise ConfigError([f"answer format {answer_format!r} is not one of "
+                           f"{', '.join(ANSWER_FORMATS)}"])
+    dataset = load_eval_dataset(config, registry, data)
+    limit = max_samples or config.eval.max_samples
+    count = len(dataset) if limit is None else min(limit, len(dataset))
+    samples = [layout_mcq(dataset[i]) for i in range(count)]
+    torch.manual_seed(seed)
+    engine, processor = load_engine(model, config, registry)
+    encoded = [processor.encode_prompt(s) for s in samples]
+    groups = engine.generate([{"input_ids": e.input_ids, **e.extras} for e in encoded],
+                             sampling_for_eval(config, seed=seed))
+    default_source = Path(data or config.eval.data or "data").stem
+    report = EvalReport(model=model, data=str(data or config.eval.data),
+                        answer_format=answer_format)
+    for sample, group in zip(samples, groups, strict=True):
+        completion = group[0]
+        parsed, correct = parse_and_score(completion.text, sample, answer_format)
+        report.predictions.append(Prediction(
+            prompt="\n".join(m.text for m in sample.prompt_messages() if m.role != "system"),
+            response=completion.text,
+            parsed=parsed,
+            reference=sample.reference,
+            correct=correct,
+            source=str(sample.meta.get("source") or default_source),
+            finish_reason=completion.finish_reason,
+            sample=sample.source,
+        ))
+    return report
+
+
+def write_report(report: EvalReport, directory: Path) -> Path:
+    """Write ``predictions.jsonl`` and ``summary.json`` under ``directory``; return it."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / "predictions.jsonl").open("w", encoding="utf-8") as handle:
+        for prediction in report.predictions:
+            handle.write(json.dumps(asdict(prediction), ensure_ascii=False, default=str) + "\n")
+    (directory / "summary.json").write_text(json.dumps(report.summary(), indent=2, default=str))
+    return directory
+
+
+def accuracy_table(report: EvalReport) -> Table:
+    """A rich table: one row per source, then the overall accuracy."""
+    from rich.table import Table
+
+    table = Table(title=f"Accuracy ({report.answer_format} answers) - {report.model}")
+    table.add_column("source")
+    table.add_column("samples", justify="right")
+    table.add_column("correct", justify="right")
+    table.add_column("accuracy", justify="right")
+    for source, (correct, total) in report.by_source().items():
+        table.add_row(source, str(total), str(correct), f"{100 * correct / total:.1f}%")
+    total = len(report.predictions)
+    correct = sum(p.correct for p in report.predictions)
+    table.add_section()
+    table.add_row("overall", str(total), str(correct), f"{100 * report.accuracy:.1f}%",
+                  style="bold")
+    return table
+
+
+__all__ = [
+    "ANSWER_FORMATS",
+    "EvalReport",
+    "Prediction",
+    "accuracy_table",
+    "evaluate",
+    "load_engine",
+    "load_eval_dataset",
+    "parse_and_score",
+    "sampling_for_eval",
+    "write_report",
+]
+
