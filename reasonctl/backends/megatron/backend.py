@@ -179,6 +179,9 @@ class MegatronBackend:
                 self.hf_config, tconfig, pre_process=layout.is_first_stage,
                 post_process=layout.is_last_stage, vp_stage=vpp_rank if sizes.vpp > 1 else None,
             )
+            # every parameter in the training dtype (the local spec makes its norms float32);
+            # megatron's optimizers expect one parameter dtype, as its Float16Module gives
+            chunk.to(dtype=dtype)
             load_chunk_weights(chunk, hf_to_megatron(reader, self.shape, layout))
             self.chunks.append(chunk)
             self.ddp_chunks.append(DistributedDataParallel(
@@ -280,11 +283,10 @@ class MegatronBackend:
         split = [piece for batch in inputs
                  for piece in (batches.split_rows(batch, size) if size else [batch])]
         sizes = self.settings.sizes
-        multiple = sizes.tp if sizes.sequence_parallel and sizes.tp > 1 else 1
         rows = length = None
         if sizes.pp > 1:  # every micro-batch of a pipeline step has one tensor shape
             rows, length = batches.common_shape(split)
-        return [_MicroBatch(batches.prepare(b, rows=rows, length=length, multiple=multiple), b)
+        return [_MicroBatch(batches.prepare(b, rows=rows, length=length), b)
                 for b in split]
 
     def _schedule(self, items: list[_MicroBatch], loss_fn: LossFn | None, *,

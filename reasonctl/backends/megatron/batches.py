@@ -11,8 +11,7 @@ rewritten as rows that each hold one sequence starting at position 0:
   row per sample, which is what transformers' packed attention computes.
 
 Rows and columns may be padded further so that every micro-batch of a pipeline-parallel
-step has the same shape and the sequence length divides the tensor-parallel size under
-sequence parallelism. :meth:`PreparedBatch.restore` maps per-token outputs of the prepared
+step has the same shape. :meth:`PreparedBatch.restore` maps per-token outputs of the prepared
 rows back to the caller's ``[B, T-1]`` layout; positions that predict across a packed
 sample boundary are 0 (they are never loss targets).
 """
@@ -101,12 +100,11 @@ def segments_of(batch: dict[str, Any]) -> list[Segment]:
     return segments
 
 
-def prepare(batch: dict[str, Any], *, rows: int | None = None, length: int | None = None,
-            multiple: int = 1) -> PreparedBatch:
+def prepare(batch: dict[str, Any], *, rows: int | None = None, length: int | None = None
+            ) -> PreparedBatch:
     """Rewrite ``batch`` as one sequence per row, padded to ``rows`` x ``length``.
 
-    ``length`` is rounded up to a multiple of ``multiple``. Padding tokens are 0 and are
-    masked as keys.
+    Padding tokens are 0 and are masked as keys.
     """
     input_ids = batch["input_ids"]
     segments = segments_of(batch)
@@ -114,7 +112,6 @@ def prepare(batch: dict[str, Any], *, rows: int | None = None, length: int | Non
     need_length = max(seg.length for seg in segments)
     rows = max(rows or 0, need_rows)
     length = max(length or 0, need_length)
-    length = -(-length // multiple) * multiple
     device = input_ids.device
     tokens = torch.zeros((rows, length), dtype=input_ids.dtype, device=device)
     keys = torch.zeros((rows, length), dtype=torch.bool, device=device)

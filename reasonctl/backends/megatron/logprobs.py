@@ -3,11 +3,14 @@
 Each tensor-parallel rank holds the logits of a contiguous slice of the (padded)
 vocabulary. The log-softmax is assembled across the group: the max is all-reduced (MAX,
 no gradient: the result does not depend on it), the sum of exponentials and the target
-logit are all-reduced (SUM). Those sums use an all-reduce whose backward is the identity:
-every rank computes the same loss from the same global sums, so the gradient reaching
-rank ``r``'s partial sum is exactly the gradient of that loss with respect to the global
-sum (megatron's ``reduce_from_tensor_model_parallel_region`` has the same semantics; this
-module keeps its own so it works with any process group).
+logit are all-reduced (SUM). Those sums use an all-reduce whose backward is the identity,
+which is exact because every output is a function of the global sums alone: each rank
+computes the same loss from the same sums, so the gradient reaching rank ``r``'s partial
+sum is the gradient of that loss with respect to the global sum. (So entropy is computed
+as ``log S - T / S`` with ``S = sum(e^x)`` and ``T = sum(e^x * x)``: written with local
+probabilities, the gradient of ``log S`` would see only the local terms.) megatron's
+``reduce_from_tensor_model_parallel_region`` has the same semantics; this module keeps
+its own so it works with any process group.
 
 Columns past the real vocabulary (padding) are excluded from the softmax.
 """
@@ -74,14 +77,16 @@ def vocab_parallel_logprobs(
     if group_size > 1:
         dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
     shifted = x - peak.unsqueeze(-1)
-    normaliser = _sum(shifted.exp().sum(dim=-1), group, group_size).log()
+    exps = shifted.exp()
+    total = _sum(exps.sum(dim=-1), group, group_size)
+    normaliser = total.log()
     local_target = targets - vocab_start
     mine = (local_target >= 0) & (local_target < local_width)
     picked = shifted.gather(-1, local_target.clamp(0, local_width - 1).unsqueeze(-1)).squeeze(-1)
     picked = _sum(picked * mine, group, group_size)
     logprobs = picked - normaliser
     entropy = None
-    if with_entropy:
-        probs = (shifted - normaliser.unsqueeze(-1)).exp()
-        entropy = normaliser - _sum((probs * shifted).sum(dim=-1), group, group_size)
+    if with_entropy:  # H = log S - T / S with S = sum(e^x), T = sum(e^x * x) over the vocabulary
+        weighted = _sum((exps * shifted).sum(dim=-1), group, group_size)
+        entropy = normaliser - weighted / total
     return TokenLogprobs(logprobs, entropy)

@@ -26,12 +26,11 @@ from reasonctl.core.errors import require
 
 @dataclass(frozen=True)
 class ModelParallelSizes:
-    """Tensor, pipeline and virtual-pipeline sizes, and whether sequences are TP-split."""
+    """Tensor, pipeline and virtual-pipeline sizes."""
 
     tp: int = 1
     pp: int = 1
     vpp: int = 1
-    sequence_parallel: bool = False
 
 
 def require_megatron() -> Any:
@@ -83,7 +82,6 @@ def transformer_config(hf_config: Any, *, sizes: ModelParallelSizes, dtype: torc
         tensor_model_parallel_size=sizes.tp,
         pipeline_model_parallel_size=sizes.pp,
         virtual_pipeline_model_parallel_size=sizes.vpp if sizes.vpp > 1 else None,
-        sequence_parallel=sizes.sequence_parallel and sizes.tp > 1,
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,

@@ -28,10 +28,6 @@ class MegatronBackendConfig(BaseModel):
         default=1, ge=1,
         description="Virtual pipeline chunks per stage (interleaved 1F1B); needs pp > 1.",
     )
-    sequence_parallel: bool = Field(
-        default=False,
-        description="Split norms/dropout activations along the sequence over the TP group.",
-    )
     micro_batch_size: int | None = Field(
         default=None, gt=0,
         description="Rows per pipeline micro-batch: splits the algorithm's micro-batches "
@@ -50,8 +46,6 @@ class MegatronBackendConfig(BaseModel):
     def _check(self) -> MegatronBackendConfig:
         if self.vpp > 1 and self.pp == 1:
             raise ValueError("vpp > 1 (interleaved pipeline) needs pp > 1")
-        if self.sequence_parallel and self.tp == 1:
-            raise ValueError("sequence_parallel needs tp > 1")
         return self
 
 
@@ -62,8 +56,7 @@ def build_megatron_backend(config: MegatronBackendConfig | None, **_: Any) -> An
 
     config = config or MegatronBackendConfig()
     return MegatronBackend(MegatronSettings(
-        sizes=ModelParallelSizes(tp=config.tp, pp=config.pp, vpp=config.vpp,
-                                 sequence_parallel=config.sequence_parallel),
+        sizes=ModelParallelSizes(tp=config.tp, pp=config.pp, vpp=config.vpp),
         micro_batch_size=config.micro_batch_size,
         use_distributed_optimizer=config.use_distributed_optimizer,
         export_shard_size=config.export_shard_size,
