@@ -205,3 +205,43 @@ def test_generation_leaves_a_training_model_in_training_mode(model_dir: Path, to
         [{"input_ids": prompts[0]}], SamplingParams(max_new_tokens=3, seed=0)
     )
     assert policy.training
+
+
+def test_vision_prompts_match_generate_per_prompt(tmp_path: Path) -> None:
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from reasonctl.core.types import ContentPart, Message, Sample
+    from reasonctl.data.processing import ChatProcessor
+    from reasonctl.models.tiny_vl import make_tiny_qwen2_5_vl_dir
+    from tests.data_factories import write_png
+
+    model_dir = make_tiny_qwen2_5_vl_dir(tmp_path / "vl", seed=0)
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(model_dir).eval()
+    with torch.no_grad():  # larger weights, so greedy outputs vary from token to token
+        for param in model.parameters():
+            if param.ndim >= 2:
+                param.mul_(15.0)
+    processor = ChatProcessor.from_pretrained(model_dir, max_length=512)
+    samples = [
+        Sample([Message("user", [ContentPart("image", path=str(write_png(tmp_path / "a.png",
+                                                                          (56, 56)))),
+                                 ContentPart("text", text="What is it?")])]),
+        Sample([Message("user", [ContentPart("text", text="no picture here, just words")])]),
+        Sample([Message("user", [ContentPart("image", path=str(write_png(tmp_path / "b.png",
+                                                                          (112, 84), seed=1))),
+                                 ContentPart("text", text="And this?")])]),
+    ]
+    encoded = [processor.encode_prompt(s) for s in samples]
+    engine = HFRolloutEngine(model, processor.tokenizer)
+    params = SamplingParams(temperature=0.0, max_new_tokens=12)
+    groups = engine.generate([{"input_ids": e.input_ids, **e.extras} for e in encoded], params)
+    assert len({len(e.input_ids) for e in encoded}) == 3  # rows are padded differently
+    for enc, group in zip(encoded, groups, strict=True):
+        inputs: dict[str, Any] = {"input_ids": torch.tensor([enc.input_ids])}
+        for key, value in enc.extras.items():
+            inputs[key] = value.view(1, -1) if key == "mm_token_type_ids" else value
+        out = model.generate(**inputs, attention_mask=torch.ones_like(inputs["input_ids"]),
+                             max_new_tokens=12, do_sample=False)
+        assert group[0].token_ids == out[0, len(enc.input_ids) :].tolist()
+    assert len({t for g in groups for t in g[0].token_ids}) > 5
+    assert groups[0][0].token_ids != groups[2][0].token_ids  # the images matter

@@ -297,7 +297,7 @@ class GRPO:
                 mask = [0] * len(prompt.input_ids) + [int(carries_loss)] * len(
                     completion.token_ids
                 )
-                encoded = EncodedSample(ids, mask, prompt.extras,
+                encoded = EncodedSample(ids, mask, _extend_per_token(prompt.extras, len(ids)),
                                         num_prompt_tokens=len(prompt.input_ids))
                 rows.append(_Row(position, encoded, len(prompt.input_ids), completion,
                                  advantage))
@@ -475,6 +475,17 @@ def _aligned(rows: Sequence[_Row], values: Sequence[Any], width: int) -> torch.T
     for i, (row, value) in enumerate(zip(rows, values, strict=True)):
         start = row.prompt_len - 1
         out[i, start : start + row.completion_len] = value
+    return out
+
+
+def _extend_per_token(extras: dict[str, Any], length: int) -> dict[str, Any]:
+    """Prompt extras for prompt + completion: per-token ones (token types) padded with 0."""
+    from reasonctl.data.processing import PER_TOKEN_EXTRAS
+
+    out = dict(extras)
+    for key in PER_TOKEN_EXTRAS & out.keys():
+        value = out[key]
+        out[key] = torch.cat([value, value.new_zeros(length - value.shape[-1])])
     return out
 
 

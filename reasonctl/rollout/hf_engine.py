@@ -33,6 +33,7 @@ from reasonctl.core.types import Completion, SamplingParams
 from reasonctl.rollout.sampling import sample_tokens
 from reasonctl.rollout.stopping import StopMatcher
 
+TOKEN_TYPES_KEY = "mm_token_type_ids"
 VISION_KEYS = (
     "pixel_values",
     "image_grid_thw",
@@ -339,8 +340,10 @@ class HFRolloutEngine:
             single = _new_cache() if row else cache
             row_ids = ids[row : row + 1, width - lengths[row] :]
             vision = _vision_inputs(prompt, device)
-            if vision and self._accepts_mm_token_types and "mm_token_type_ids" not in vision:
-                vision["mm_token_type_ids"] = _mm_token_types(self.model.config, row_ids)
+            if vision and self._accepts_mm_token_types and TOKEN_TYPES_KEY not in vision:
+                vision[TOKEN_TYPES_KEY] = _mm_token_types(self.model.config, row_ids)
+            elif not self._accepts_mm_token_types:
+                vision.pop(TOKEN_TYPES_KEY, None)
             holder = _reset_rope_deltas(self.model)
             all_logits.append(
                 self._forward(row_ids, torch.ones_like(row_ids), None, single, **vision)
@@ -400,11 +403,12 @@ def _new_cache() -> Any:
 
 
 def _vision_inputs(prompt: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    return {
-        key: torch.as_tensor(prompt[key]).to(device)
-        for key in (*VISION_KEYS, "mm_token_type_ids")
-        if prompt.get(key) is not None
-    }
+    out = {key: torch.as_tensor(prompt[key]).to(device)
+           for key in VISION_KEYS if prompt.get(key) is not None}
+    types = prompt.get(TOKEN_TYPES_KEY)
+    if out and types is not None:  # per token, like input_ids: one row for one prompt
+        out[TOKEN_TYPES_KEY] = torch.as_tensor(types).to(device).view(1, -1)
+    return out
 
 
 def _merge_left_padded(caches: Sequence[Any], lengths: Sequence[int], width: int) -> None:

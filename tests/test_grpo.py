@@ -1,0 +1,192 @@
+"""GRPO end to end on the tiny model: metrics, KL, dynamic sampling, masking, resume, learning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import reasonctl
+from reasonctl.core.types import Sample
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _write_prompts(path: Path, count: int = 8) -> Path:
+    rows = []
+    for i in range(count):
+        letter = "AB"[i % 2]
+        rows.append({"prompt": f"Item {i}. Reply with the letter {letter}.", "reference": letter,
+                     "meta": {"kind": "const" if i % 4 == 3 else "var"}})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _config(tmp_path: Path, model_dir: Path, **grpo: Any) -> dict[str, Any]:
+    data = _write_prompts(tmp_path / "prompts.jsonl")
+    return {
+        "run": {"output_dir": str(tmp_path / "run"), "seed": 0},
+        "model": {"name_or_path": str(model_dir), "max_length": 64},
+        "data": {"format": "jsonl", "jsonl": {"path": str(data)}},
+        "algorithm": {"name": "grpo", "grpo": {"prompts_per_step": 2, **grpo}},
+        "rollout": {"n": 4, "max_new_tokens": 6, "temperature": 1.0},
+        "train": {"lr": 1e-2, "max_steps": 3, "micro_batch_size": 3},
+        "backend": {"name": "single", "device": "cpu"},
+        "checkpoint": {"export_final": False},
+        "logging": {"loggers": ["jsonl"]},
+    }
+
+
+def byte_parity(completion: str, sample: Sample) -> float:
+    """A reward with spread: 1 for an even number of UTF-8 bytes; constant for 'const' rows."""
+    if sample.meta.get("kind") == "const":
+        return 1.0
+    return float(len(completion.encode()) % 2 == 0)
+
+
+def _metrics(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+EXPECTED_METRICS = {
+    "reward/mean", "reward/std", "reward/byte_parity/mean", "entropy", "clip_frac/low",
+    "clip_frac/high", "response_length/mean", "response_length/max", "rollout/zero_std_frac",
+    "rollout/tokens_per_s", "rollout/logprob_gap", "time/rollout_s", "time/reward_s",
+    "time/update_s", "loss", "grad_norm", "lr",
+}
+
+
+def test_grpo_with_kl_reports_metrics_and_keeps_logprobs_consistent(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    config = _config(tmp_path, tiny_model_dir, kl_beta=0.1, kl_estimator="k3")
+    result = reasonctl.run(config, rewards=[byte_parity])
+    assert result.status == "completed" and result.steps == 3
+    steps = _metrics(tmp_path / "run")
+    for row in steps:
+        assert EXPECTED_METRICS | {"kl"} <= set(row)
+        assert row["rollout/logprob_gap"] < 1e-3
+        assert row["response_length/max"] <= 6
+    assert steps[0]["kl"] == pytest.approx(0.0, abs=1e-7)  # policy == reference before updates
+    assert steps[-1]["kl"] > 0.0
+
+
+def test_grpo_without_kl_builds_no_reference(tmp_path: Path, tiny_model_dir: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from reasonctl.backends.single import SingleDeviceBackend
+
+    def refuse(self: Any) -> None:
+        raise AssertionError("kl_beta = 0 must not build a reference model")
+
+    monkeypatch.setattr(SingleDeviceBackend, "build_reference_model", refuse, raising=False)
+    result = reasonctl.run(_config(tmp_path, tiny_model_dir), rewards=[byte_parity])
+    assert result.status == "completed"
+    last = _metrics(tmp_path / "run")[-1]
+    assert EXPECTED_METRICS <= set(last) and "kl" not in last
+
+
+def test_dynamic_sampling_replaces_zero_variance_groups(tmp_path: Path,
+                                                        tiny_model_dir: Path) -> None:
+    config = _config(tmp_path, tiny_model_dir, dynamic_sampling=True, max_sampling_rounds=6)
+    reasonctl.run(config, rewards=[byte_parity])
+    steps = _metrics(tmp_path / "run")
+    assert all(row["rollout/groups_kept"] == 2 for row in steps)
+    assert any(row["rollout/zero_std_frac"] > 0 for row in steps)
+    assert all(row["rollout/sampling_rounds"] > 1 for row in steps
+               if row["rollout/zero_std_frac"] > 0)
+
+
+def test_overlong_filtering_leaves_truncated_completions_without_loss(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    config = _config(tmp_path, tiny_model_dir, mask_truncated=True)
+    config["rollout"]["max_new_tokens"] = 2  # the random model never ends this early
+    config["checkpoint"]["export_final"] = True
+    result = reasonctl.run(config, rewards=[byte_parity])
+    steps = _metrics(tmp_path / "run")
+    for row in steps:  # a step updates only when some completion ended on its own
+        assert (row["response_length/truncated_frac"] == 1.0) == (row.get("update/skipped") == 1)
+    assert sum(row["response_length/truncated_frac"] == 1.0 for row in steps) >= 2
+    assert result.export_dir is not None
+    if all(row.get("update/skipped") == 1 for row in steps):
+        _assert_same_weights(result.export_dir, tiny_model_dir)
+
+
+def _assert_same_weights(left: Path, right: Path) -> None:
+    from safetensors.torch import load_file
+
+    a = {k: v for f in sorted(left.glob("*.safetensors")) for k, v in load_file(f).items()}
+    b = {k: v for f in sorted(right.glob("*.safetensors")) for k, v in load_file(f).items()}
+    assert a.keys() == b.keys()
+    assert all(a[k].float().equal(b[k].float()) for k in a)
+
+
+def test_gspo_sum_norm_with_several_updates_per_rollout(tmp_path: Path,
+                                                        tiny_model_dir: Path) -> None:
+    config = _config(tmp_path, tiny_model_dir, importance_level="sequence",
+                     loss_aggregation="seq-mean-token-sum-norm", scale_rewards="none",
+                     ppo_epochs=2, mini_batches=2, epsilon_high=0.28)
+    config["train"]["max_steps"] = 2
+    reasonctl.run(config, rewards=[byte_parity])
+    for row in _metrics(tmp_path / "run"):
+        assert row["update/optimizer_steps"] == 4
+        assert row["rollout/logprob_gap"] < 1e-3
+
+
+def test_separate_engine_copy_is_synced_before_each_rollout(tmp_path: Path,
+                                                            tiny_model_dir: Path) -> None:
+    config = _config(tmp_path, tiny_model_dir)
+    config["rollout"]["hf"] = {"share_weights": False}
+    reasonctl.run(config, rewards=[byte_parity])
+    steps = _metrics(tmp_path / "run")
+    # after the first update the policy changed; a stale copy would show a large gap
+    assert all(row["rollout/logprob_gap"] < 1e-3 for row in steps)
+
+
+@pytest.mark.slow
+def test_resumed_run_matches_the_uninterrupted_one(tmp_path: Path, tiny_model_dir: Path) -> None:
+    full = _config(tmp_path / "full", tiny_model_dir)
+    full["train"]["max_steps"] = 4
+    reasonctl.run(full, rewards=[byte_parity])
+    first = _config(tmp_path / "part", tiny_model_dir)
+    first["train"]["max_steps"] = 4
+    first["checkpoint"]["every_steps"] = 2
+    stopped = dict(first, train={**first["train"], "max_steps": 2})
+    reasonctl.run(stopped, rewards=[byte_parity])
+    resumed = dict(first, run={**first["run"], "resume": True})
+    reasonctl.run(resumed, rewards=[byte_parity])
+    expected = _metrics(tmp_path / "full" / "run")
+    got = _metrics(tmp_path / "part" / "run")
+    assert [r["step"] for r in got] == [1, 2, 3, 4]
+    for key in ("reward/mean", "response_length/mean", "loss", "entropy"):
+        assert [r[key] for r in got] == pytest.approx([r[key] for r in expected], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_quickstart_reward_rises_and_export_beats_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reasonctl.core.plugins import PluginHost
+    from reasonctl.evaluation import evaluate
+
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "quickstart"
+    config = reasonctl.load_config(
+        REPO / "examples/configs/quickstart_grpo.toml",
+        overrides=[f"run.output_dir={json.dumps(str(out))}", "checkpoint.every_steps=0",
+                   'logging.loggers=["jsonl"]'],
+    )
+    result = reasonctl.run(config)
+    rewards = [row["reward/mean"] for row in _metrics(out)]
+    assert sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5 >= 0.3
+    registry = PluginHost.load().registry
+    held_out = str(REPO / "examples/data/quickstart_grpo_eval.jsonl")
+    trained = evaluate(config, registry, model=str(result.export_dir), data=held_out,
+                       answer_format="letter")
+    start = evaluate(config, registry, model="tiny-random", data=held_out,
+                     answer_format="letter")
+    assert trained.accuracy > start.accuracy
+    assert trained.accuracy >= 0.5
