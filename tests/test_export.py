@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -104,6 +105,7 @@ def test_full_state_dict_yields_hf_names(tmp_path: Path, tiny_model_dir: Path) -
 
 
 def test_vision_language_sft_with_frozen_tower_exports_and_reloads(tmp_path: Path) -> None:
+    pytest.importorskip("av", reason="video decoding needs the 'video' extra (PyAV)")
     from data_factories import write_png, write_tiny_mp4
     from transformers import AutoModelForImageTextToText
 

@@ -78,6 +78,12 @@ class SFTAlgorithm:
                 "train.global_batch_size, raise train.epochs or set train.max_steps"
             ])
         ctx.total_steps = total
+        if config.data.packing and config.model.attention in ("sdpa", "eager"):
+            ctx.info(
+                f"note: data.packing with model.attention = {config.model.attention!r} attends "
+                "through a dense mask over each packed row (quadratic in the row length); "
+                "use 'flash_attention_2' for packing or set data.packing = false"
+            )
         self._dataset_skipped_rows = int(getattr(self.dataset, "skipped_rows", 0) or 0)
         self._publish_skipped(ctx)
         layout = self.layout
@@ -100,6 +106,7 @@ class SFTAlgorithm:
             collate(chunk, processor.pad_id, pack=ctx.config.data.packing)
             for chunk in layout.micro_chunks(encoded)
         ]
+        data_seconds = time.perf_counter() - started
         local = {
             "loss_tokens": float(sum(int(mb["loss_mask"][:, 1:].sum()) for mb in micro_batches)),
             "target_samples": float(sum(_num_target_sequences(mb) for mb in micro_batches)),
@@ -124,6 +131,7 @@ class SFTAlgorithm:
             "loss_tokens": float(totals["loss_tokens"]),
             "truncated": float(totals["truncated"]),
             "epoch": sampler.epoch + sampler.index / sampler.size,
+            "data_s": data_seconds,
         }
         if totals["skipped"]:
             metrics["skipped"] = float(totals["skipped"])

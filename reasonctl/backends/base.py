@@ -90,7 +90,7 @@ class TorchBackend:
         policy = self._policy()
         policy.eval()
         with torch.no_grad(), self.autocast():
-            return policy(self.to_device(batch), with_entropy, temperature)
+            return TokenLogprobs(*policy(self.to_device(batch), with_entropy, temperature))
 
     def train_step(self, micro_batches: Sequence[dict[str, Any]], loss_fn: LossFn, *,
                    with_entropy: bool = False, temperature: float = 1.0) -> Metrics:
@@ -112,7 +112,7 @@ class TorchBackend:
         for micro_batch in micro_batches:
             batch = self.to_device(micro_batch)
             with self.autocast():
-                outputs = policy(batch, with_entropy, temperature)
+                outputs = TokenLogprobs(*policy(batch, with_entropy, temperature))
             loss, metrics = loss_fn(outputs, batch)
             (loss * self.grad_scale).backward()
             loss_total += loss.detach().to(torch.float64)

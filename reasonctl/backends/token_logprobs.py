@@ -2,8 +2,8 @@
 
 The decoder runs once to produce hidden states; the output projection, log-softmax and
 gather then run over chunks of tokens, so at most ``chunk_tokens x vocab`` float32 logits
-exist at a time. With gradients, each chunk is recomputed in backward (activation
-checkpointing), so training memory stays bounded the same way.
+exist at a time. With gradients, each chunk's logits are recomputed in backward (see
+:mod:`reasonctl.backends.lm_head`), so training memory stays bounded the same way.
 
 Alignment (shared with :mod:`reasonctl.data.processing`): ``logprobs[b, t]`` is
 ``log p(input_ids[b, t + 1] | input_ids[b, : t + 1])``, shape ``[B, T - 1]``.
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+
+from reasonctl.backends.lm_head import linear_token_logprobs
 
 DEFAULT_CHUNK_TOKENS = 2048
 
@@ -37,7 +37,9 @@ class TokenLogprobModel(nn.Module):
     Its ``forward`` runs the whole computation (decoder, then chunked output projection),
     which lets a sharding wrapper such as FSDP2 treat it as the root module: parameters that
     live outside the decoder blocks (embeddings, final norm, output projection, vision
-    tower) are gathered for exactly this call.
+    tower) are gathered for exactly this call. It returns a plain ``(logprobs, entropy)``
+    tuple because such wrappers hook backward onto the tensors they find in the output
+    (a tuple is traversed; a dataclass is not on every torch version).
     """
 
     def __init__(self, hf_model: nn.Module, *, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> None:
@@ -53,8 +55,8 @@ class TokenLogprobModel(nn.Module):
         batch: dict[str, Any],
         with_entropy: bool = False,
         temperature: float = 1.0,
-    ) -> TokenLogprobs:
-        """Log-probs (and optionally entropy) of ``batch["input_ids"][:, 1:]``."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs and entropy (``None`` unless asked) of ``batch["input_ids"][:, 1:]``."""
         if temperature <= 0:
             raise ValueError(f"temperature must be positive (got {temperature})")
         inputs = {k: v for k, v in batch.items() if k in self._input_names}
@@ -62,7 +64,7 @@ class TokenLogprobModel(nn.Module):
             inputs["use_cache"] = False
         hidden = decoder_of(self.hf_model)(**inputs).last_hidden_state
         head = self.hf_model.get_output_embeddings()
-        return chunked_token_logprobs(
+        outputs = chunked_token_logprobs(
             hidden[:, :-1],
             batch["input_ids"][:, 1:],
             head.weight,
@@ -71,6 +73,7 @@ class TokenLogprobModel(nn.Module):
             with_entropy=with_entropy,
             chunk_tokens=self.chunk_tokens,
         )
+        return outputs.logprobs, outputs.entropy
 
 
 def decoder_of(hf_model: nn.Module) -> nn.Module:
@@ -106,51 +109,14 @@ def chunked_token_logprobs(
     """``log_softmax(hidden @ weight.T / temperature)`` gathered at ``targets``, in chunks.
 
     ``hidden`` is ``[B, T, H]`` and ``targets`` ``[B, T]``; results are float32 ``[B, T]``.
+    The work is done by :func:`~reasonctl.backends.lm_head.linear_token_logprobs`, which
+    recomputes each chunk's logits in backward instead of storing them.
     """
-    batch, length = targets.shape
-    flat_hidden = hidden.reshape(batch * length, hidden.shape[-1])
-    flat_targets = targets.reshape(batch * length)
-    use_checkpoint = torch.is_grad_enabled() and (
-        hidden.requires_grad or weight.requires_grad
-    )
-    logprob_parts: list[torch.Tensor] = []
-    entropy_parts: list[torch.Tensor] = []
-    for start in range(0, flat_hidden.shape[0], chunk_tokens):
-        args = (flat_hidden[start : start + chunk_tokens],
-                flat_targets[start : start + chunk_tokens], weight, bias)
-        if use_checkpoint:
-            logprob, entropy = checkpoint(
-                _chunk_logprobs, *args, temperature, with_entropy, use_reentrant=False
-            )
-        else:
-            logprob, entropy = _chunk_logprobs(*args, temperature, with_entropy)
-        logprob_parts.append(logprob)
-        if entropy is not None:
-            entropy_parts.append(entropy)
-    if not logprob_parts:  # a batch of one-token sequences has nothing to predict
-        empty = flat_hidden.new_zeros((batch, length), dtype=torch.float32)
+    if targets.numel() == 0:  # a batch of one-token sequences has nothing to predict
+        empty = hidden.new_zeros(targets.shape, dtype=torch.float32)
         return TokenLogprobs(empty, empty.clone() if with_entropy else None)
-    # cloned so the outputs are not views: sharding wrappers hook backward on them
-    logprobs = torch.cat(logprob_parts).view(batch, length).clone()
-    entropy = torch.cat(entropy_parts).view(batch, length).clone() if with_entropy else None
+    logprobs, entropy = linear_token_logprobs(
+        hidden, targets, weight, bias, temperature=temperature, with_entropy=with_entropy,
+        chunk_tokens=chunk_tokens,
+    )
     return TokenLogprobs(logprobs, entropy)
-
-
-def _chunk_logprobs(
-    hidden: torch.Tensor,
-    targets: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    temperature: float,
-    with_entropy: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    logits = F.linear(hidden, weight, bias).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    normaliser = torch.logsumexp(logits, dim=-1)
-    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - normaliser
-    entropy = None
-    if with_entropy:
-        probs = torch.softmax(logits, dim=-1)
-        entropy = normaliser - (probs * logits).sum(dim=-1)
-    return logprobs, entropy
