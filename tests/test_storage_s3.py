@@ -173,12 +173,16 @@ def test_unreachable_or_missing_bucket_errors_are_actionable(
     s3: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write(tmp_path / "f.txt", b"x")
-    storage = build_s3_storage(S3StorageConfig(max_attempts=3, backoff_s=5.0))
+    storage = build_s3_storage(S3StorageConfig(max_attempts=3, backoff_s=5.0,
+                                               create_bucket=False))
     started = time.monotonic()
     with pytest.raises(StorageError) as info:
         storage.put_file(tmp_path / "f.txt", "s3://no-such-bucket-here/f.txt")
     assert "bucket 'no-such-bucket-here' does not exist" in str(info.value)
     assert time.monotonic() - started < 5.0  # not retried: it cannot succeed
+    creating = build_s3_storage(S3StorageConfig(max_attempts=3, backoff_s=5.0))
+    creating.put_file(tmp_path / "f.txt", "s3://bucket-made-on-upload/f.txt")
+    assert creating.list("s3://bucket-made-on-upload") == ["s3://bucket-made-on-upload/f.txt"]
 
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)

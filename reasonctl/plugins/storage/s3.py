@@ -54,6 +54,10 @@ class S3StorageConfig(BaseModel):
     backoff_s: float = Field(
         default=1.0, ge=0, description="First retry delay in seconds; doubles every attempt."
     )
+    create_bucket: bool = Field(
+        default=True,
+        description="Create the bucket on first upload when it does not exist yet.",
+    )
     verify: bool = Field(
         default=True,
         description="Check size and ETag (MD5) after each upload and the sha256 stored in "

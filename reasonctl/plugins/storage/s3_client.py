@@ -191,6 +191,7 @@ class S3Storage:
             ),
         )
         self.part_size = config.part_size_mb * MIB
+        self._known_buckets: set[str] = set()
         self.threshold = config.multipart_threshold_mb * MIB
         self.transfer_config = TransferConfig(
             multipart_threshold=self.threshold,
@@ -279,9 +280,28 @@ class S3Storage:
 
     # --- transfers ----------------------------------------------------------------------
 
+    def _ensure_bucket(self, bucket: str) -> None:
+        """Create ``bucket`` when it is missing and ``create_bucket`` is on (once per bucket)."""
+        if bucket in self._known_buckets or not self.config.create_bucket:
+            return
+        try:
+            self.client.head_bucket(Bucket=bucket)
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code not in {"404", "NoSuchBucket", "NotFound"}:
+                raise
+            region = self.client.meta.region_name
+            args: dict[str, Any] = {"Bucket": bucket}
+            if region and region != "us-east-1":
+                args["CreateBucketConfiguration"] = {"LocationConstraint": region}
+            log.warning("s3://%s does not exist; creating it (storage.s3.create_bucket)", bucket)
+            self.client.create_bucket(**args)
+        self._known_buckets.add(bucket)
+
     def _upload(self, bucket: str, items: dict[str, Path], where: str) -> None:
         if not items:
             return
+        self._retry(lambda: self._ensure_bucket(bucket), f"check bucket s3://{bucket}")
         with ThreadPoolExecutor(max_workers=self.config.max_concurrency) as pool:
             digests = dict(zip(items, pool.map(
                 lambda p: file_digest(p, self.part_size, self.threshold), items.values()
