@@ -62,9 +62,6 @@ class TorchBackend:
     def setup(self, ctx: RunContext) -> None:
         """Build the model, optimizer and schedule (see :meth:`build`)."""
         self.ctx = ctx
-        if ctx.config.train.compile:
-            ctx.info("warning: train.compile is not applied by this backend yet; the model "
-                     "runs eagerly")
         self.build(ctx)
         ctx.state["backend_parameters"] = self.parameter_counts
         ctx.info(f"model {ctx.config.model.name_or_path}: {self.parameter_counts.describe()} "
