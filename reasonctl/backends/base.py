@@ -56,6 +56,8 @@ class TorchBackend:
         self.tied_groups: list[list[str]] = []
         self.grad_scale = 1.0
         """Multiplier on each micro-batch loss that undoes data-parallel gradient averaging."""
+        self.reference_weights: list[torch.Tensor] | None = None
+        """Frozen copy of the starting weights (see :meth:`build_reference_model`)."""
 
     # --- set-up ---------------------------------------------------------------------------
 
@@ -91,6 +93,44 @@ class TorchBackend:
         policy.eval()
         with torch.no_grad(), self.autocast():
             return TokenLogprobs(*policy(self.to_device(batch), with_entropy, temperature))
+
+    # --- reference policy (KL penalties) ---------------------------------------------------
+
+    def build_reference_model(self) -> None:
+        """Keep a frozen copy of the current weights as the reference policy of a KL penalty.
+
+        Algorithms call it in ``setup``, before a resumed run loads its checkpoint, so the
+        reference is the starting model. The copy has the policy's layout (sharded under
+        FSDP) and costs one more set of parameters, no optimizer state.
+        """
+        self._reshard()
+        with torch.no_grad():
+            self.reference_weights = [p.detach().clone() for p in self._policy().parameters()]
+
+    def reference_token_outputs(self, batch: dict[str, Any], *, with_entropy: bool = False,
+                                temperature: float = 1.0) -> TokenLogprobs:
+        """:meth:`token_outputs` under the weights saved by :meth:`build_reference_model`.
+
+        The reference weights are swapped into the policy's parameters for this call (one
+        parameter at a time, so the extra memory is one parameter) and swapped back after.
+        """
+        if self.reference_weights is None:
+            raise RuntimeError("no reference model: call build_reference_model() first")
+        self._swap_reference()
+        try:
+            return self.token_outputs(batch, with_entropy=with_entropy, temperature=temperature)
+        finally:
+            self._swap_reference()
+
+    def _swap_reference(self) -> None:
+        assert self.reference_weights is not None
+        self._reshard()  # a sharded model re-gathers the swapped weights on the next forward
+        with torch.no_grad():
+            params = list(self._policy().parameters())
+            for param, reference in zip(params, self.reference_weights, strict=True):
+                held = param.detach().clone()
+                param.copy_(reference)
+                reference.copy_(held)
 
     def train_step(self, micro_batches: Sequence[dict[str, Any]], loss_fn: LossFn, *,
                    with_entropy: bool = False, temperature: float = 1.0) -> Metrics:
@@ -239,6 +279,7 @@ class TorchBackend:
     def close(self) -> None:
         """Release the model and optimizer."""
         self.policy = self.hf_model = self.optimizer = self.scheduler = None
+        self.reference_weights = None
 
     # --- helpers --------------------------------------------------------------------------
 
