@@ -194,7 +194,8 @@ class GRPO:
         rounds = cfg.max_sampling_rounds if cfg.dynamic_sampling else 1
         per_rank = cfg.prompts_per_step // backend.world_size
         for round_index in range(rounds):
-            wanted = per_rank - len(out.kept)
+            # ranks draw the same global count so the shared prompt order stays in step
+            wanted = per_rank - len(out.kept) if backend.world_size == 1 else per_rank
             samples = self._next_samples(wanted * backend.world_size, backend)
             encoded = [self._encode_prompt(s) for s in samples]
             params = self.sampling_params(
