@@ -8,7 +8,10 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from reasonctl.backends.compile import compile_blocks
+from reasonctl.backends.lm_head import linear_token_logprobs
 from reasonctl.backends.optim import lr_multiplier
 from reasonctl.backends.single import SingleDeviceBackend
 from reasonctl.backends.token_logprobs import chunked_token_logprobs
@@ -102,6 +105,48 @@ def test_chunked_gradients_equal_unchunked() -> None:
         hidden.grad = weight.grad = None
     torch.testing.assert_close(grads[0][0], grads[1][0])
     torch.testing.assert_close(grads[0][1], grads[1][1])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_logprobs_match_float64_log_softmax(temperature: float, with_bias: bool) -> None:
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 7, 16, dtype=torch.float64, generator=generator, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64, generator=generator, requires_grad=True)
+    bias = (torch.randn(50, dtype=torch.float64, generator=generator, requires_grad=True)
+            if with_bias else None)
+    targets = torch.randint(0, 50, (3, 7), generator=generator)
+    g_logprob, g_entropy = torch.randn(2, 3, 7, generator=generator, dtype=torch.float64)
+    inputs = [t for t in (hidden, weight, bias) if t is not None]
+
+    logprobs, entropy = linear_token_logprobs(hidden, targets, weight, bias,
+                                              temperature=temperature, with_entropy=True,
+                                              chunk_tokens=4)
+    assert entropy is not None and logprobs.shape == entropy.shape == (3, 7)
+    grads = torch.autograd.grad((logprobs * g_logprob).sum() + (entropy * g_entropy).sum(),
+                                inputs)
+
+    log_softmax = torch.log_softmax(F.linear(hidden, weight, bias) / temperature, dim=-1)
+    ref_logprobs = log_softmax.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    ref_entropy = -(log_softmax.exp() * log_softmax).sum(-1)
+    ref_grads = torch.autograd.grad(
+        (ref_logprobs * g_logprob).sum() + (ref_entropy * g_entropy).sum(), inputs)
+
+    torch.testing.assert_close(logprobs.double(), ref_logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy.double(), ref_entropy, atol=1e-4, rtol=0)
+    for got, want in zip(grads, ref_grads, strict=True):  # float32 softmax statistics
+        assert float((got - want).abs().max() / want.abs().max()) < 1e-4
+
+
+def test_compiled_blocks_keep_names_and_run_eagerly_without_grad(tiny_model_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    backend = make_backend(tiny_model_dir, tmp_path)
+    batch = token_batch([10, 6], seed=1)
+    before = backend.token_outputs(batch).logprobs
+    names = [n for n, _ in backend.hf_model.named_parameters()]
+    assert compile_blocks(backend.hf_model) == backend.hf_model.config.num_hidden_layers
+    assert [n for n, _ in backend.hf_model.named_parameters()] == names
+    torch.testing.assert_close(backend.token_outputs(batch).logprobs, before)
 
 
 def nll_loss(total_tokens: int):

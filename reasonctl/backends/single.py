@@ -10,6 +10,7 @@ from typing import Any, Literal
 import torch
 
 from reasonctl.backends.base import TorchBackend
+from reasonctl.backends.compile import compile_blocks
 from reasonctl.backends.distributed import resolve_device
 from reasonctl.backends.export import tied_parameter_groups
 from reasonctl.backends.optim import build_optimizer, build_scheduler
@@ -62,6 +63,8 @@ class SingleDeviceBackend(TorchBackend):
         )
         if config.model.gradient_checkpointing:
             enable_gradient_checkpointing(hf_model)
+        if config.train.compile:
+            compile_blocks(hf_model)
         self.tied_groups = tied_parameter_groups(hf_model)
         self.hf_model = hf_model
         self.policy = TokenLogprobModel(hf_model, chunk_tokens=self.chunk_tokens)
