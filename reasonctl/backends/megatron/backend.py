@@ -5,8 +5,10 @@ vpp (data parallel over the rest) -> one ``GPTModel`` chunk per virtual stage, b
 the Hugging Face config with the local layer spec -> each rank loads only its shard of the
 safetensors checkpoint -> megatron ``DistributedDataParallel`` (float32 gradient
 reduction) -> megatron's optimizer (``get_megatron_optimizer``: Adam with decoupled weight
-decay, float32 main weights for bf16 models; with ``use_distributed_optimizer`` its state
-is sharded over data-parallel ranks, which is megatron's ``DistributedOptimizer``).
+decay and float32 main weights for bf16 models, i.e. ``Float16OptimizerWithFloat16Params``
+around torch's AdamW when Transformer Engine / Apex are absent; with
+``use_distributed_optimizer`` (needs one of them) megatron's ``DistributedOptimizer`` shards
+that state over data-parallel ranks).
 
 Steps run through ``megatron.core.pipeline_parallel.get_forward_backward_func()``: one
 schedule call per step over all micro-batches (1F1B, or interleaved with vpp). The last
@@ -17,8 +19,8 @@ micro-batches and data-parallel ranks (``calculate_per_token_loss`` with no furt
 token scaling).
 
 Ranks: ``rank`` / ``world_size`` are the **data-parallel** coordinates (algorithms split
-data by them; the ranks of one tensor/pipeline group see the same data), ``is_main`` is
-global rank 0.
+data by them; the ranks of one tensor/pipeline group get the same share, and the backend
+uses the batches of the group's first rank on all of them), ``is_main`` is global rank 0.
 
 Megatron-core runs on CUDA only (its schedules, gradient buffers and RNG tracker allocate
 on the current CUDA device).
@@ -82,7 +84,7 @@ class MegatronSettings:
 
     sizes: ModelParallelSizes = ModelParallelSizes()
     micro_batch_size: int | None = None
-    use_distributed_optimizer: bool = True
+    use_distributed_optimizer: bool = False
     export_shard_size: str = DEFAULT_MAX_SHARD_SIZE
 
 
@@ -194,8 +196,21 @@ class MegatronBackend:
         self.tconfig = tconfig
 
     def _build_optimizer(self, dtype: torch.dtype) -> None:
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer import (
+            OptimizerConfig,
+            distrib_optimizer,
+            get_megatron_optimizer,
+        )
 
+        if self.settings.use_distributed_optimizer and not getattr(
+                distrib_optimizer, "HAVE_APEX_OR_TE", False):
+            raise ConfigError([
+                "backend.megatron.use_distributed_optimizer: without Transformer Engine or "
+                "Apex, megatron-core falls back to torch's Adam, whose per-parameter step its "
+                "DistributedOptimizer cannot restore from a checkpoint; set it to false (the "
+                "optimizer state is then replicated over data-parallel ranks) or install "
+                "Transformer Engine"
+            ])
         train = self._ctx().config.train
         opt_config = OptimizerConfig(
             optimizer="adam",
@@ -220,6 +235,7 @@ class MegatronBackend:
         """Per-token log-probs (and entropy) of ``batch``, without gradients, on every rank."""
         for chunk in self.ddp_chunks:
             chunk.eval()
+        batch = self._shared([batch])[0]
         pieces = self._micro_batches([self._to_device(batch)])
         real = len(pieces)
         if self.settings.sizes.vpp > 1:  # the interleaved schedule wants >= pp micro-batches
@@ -258,7 +274,7 @@ class MegatronBackend:
             chunk.train()
             chunk.zero_grad_buffer()
         optimizer.zero_grad()
-        pieces = self._micro_batches([self._to_device(mb) for mb in micro_batches])
+        pieces = self._micro_batches([self._to_device(b) for b in self._shared(micro_batches)])
         sizes = self.settings.sizes
         if sizes.vpp > 1 and len(pieces) < sizes.pp:
             raise ReasonctlError(
@@ -277,6 +293,24 @@ class MegatronBackend:
         if not finite:
             reduced["skipped_update"] = 1.0
         return reduced
+
+    def _shared(self, inputs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The batches of the first rank of this tensor/pipeline group, on every member.
+
+        The ranks of one group must compute on identical data; algorithms give them the
+        same data-parallel share, but sampled completions could still differ between
+        GPUs, so the group's first rank decides.
+        """
+        sizes = self.settings.sizes
+        if sizes.tp * sizes.pp == 1:
+            return list(inputs)
+        from megatron.core import parallel_state
+
+        payload: list[Any] = [[{k: v.cpu() if isinstance(v, torch.Tensor) else v
+                                for k, v in batch.items()} for batch in inputs]]
+        dist.broadcast_object_list(payload, group=parallel_state.get_model_parallel_group(),
+                                   group_src=0)
+        return payload[0]
 
     def _micro_batches(self, inputs: Sequence[dict[str, Any]]) -> list[_MicroBatch]:
         size = self.settings.micro_batch_size

@@ -4,9 +4,11 @@ The checkpoint holds the model chunks' sharded state dicts (``model``, or ``mode
 ``model1``... with virtual pipeline stages), the optimizer's sharded state and small
 common values (the optimizer step count). Tensors are written as global tensors with the
 ``torch_dist`` format (torch DCP underneath), so a checkpoint loads with a different
-number of processes and a different tp/pp split. The distributed optimizer's state is
-saved ``fully_reshardable`` (gathered per parameter into the canonical layout) for the
-same reason.
+number of processes and a different tp/pp split: the optimizer's float32 main weights and
+Adam moments are saved per parameter, and a distributed optimizer's state
+``fully_reshardable`` (gathered per parameter into that canonical layout) for the same
+reason. megatron writes with helper processes started by ``multiprocessing`` "spawn", so
+the main script must be import-safe (``if __name__ == "__main__":``), as the CLI is.
 """
 
 from __future__ import annotations

@@ -34,9 +34,10 @@ class MegatronBackendConfig(BaseModel):
         "further (more micro-batches shrink the pipeline bubble). Default: keep them.",
     )
     use_distributed_optimizer: bool = Field(
-        default=True,
+        default=False,
         description="Shard optimizer state and float32 main weights over data-parallel "
-        "ranks (megatron's DistributedOptimizer).",
+        "ranks (megatron's DistributedOptimizer). Needs Transformer Engine or Apex: with "
+        "torch's Adam, megatron-core cannot restore its checkpoints.",
     )
     export_shard_size: str = Field(
         default="5GB", description="Largest safetensors shard of an export, e.g. '5GB'."
