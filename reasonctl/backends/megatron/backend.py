@@ -181,9 +181,9 @@ class MegatronBackend:
                 self.hf_config, tconfig, pre_process=layout.is_first_stage,
                 post_process=layout.is_last_stage, vp_stage=vpp_rank if sizes.vpp > 1 else None,
             )
-            # every parameter in the training dtype (the local spec makes its norms float32);
-            # megatron's optimizers expect one parameter dtype, as its Float16Module gives
-            chunk.to(dtype=dtype)
+            # every parameter on this GPU in the training dtype (the local spec builds its
+            # torch norms on the CPU in float32), as megatron's optimizers expect
+            chunk.to(device=self.device, dtype=dtype)
             load_chunk_weights(chunk, hf_to_megatron(reader, self.shape, layout))
             self.chunks.append(chunk)
             self.ddp_chunks.append(DistributedDataParallel(
