@@ -407,15 +407,6 @@ def merge_tp(name: str, shards: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat(list(shards), dim=0)
 
 
-def global_name(local_name: str, layout: ParallelLayout, shape: ModelShape) -> str:
-    """Replace a chunk-local layer index with the global one."""
-    match = _LAYER.match(local_name)
-    if match is None:
-        return local_name
-    layer = layout.layer_range(shape.num_layers)[int(match.group(1))]
-    return f"decoder.layers.{layer}.{match.group(2)}"
-
-
 def megatron_to_hf_tensors(name: str, tensor: torch.Tensor, shape: ModelShape
                            ) -> list[tuple[str, torch.Tensor]]:
     """Hugging Face tensors from one megatron parameter (global name, merged over TP).
@@ -494,7 +485,7 @@ def owner_stage(name: str, shape: ModelShape, pp_size: int, vpp_size: int = 1
 
 
 def local_name(name: str, shape: ModelShape, pp_size: int, vpp_size: int = 1) -> str:
-    """The chunk-local name of a global megatron parameter name (inverse of global_name)."""
+    """The chunk-local name of a global megatron parameter (layer index within its chunk)."""
     match = _LAYER.match(name)
     if match is None:
         return name

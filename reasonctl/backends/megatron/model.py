@@ -3,9 +3,10 @@
 The transformer config carries GQA (``num_query_groups``), SwiGLU (``gated_linear_unit`` +
 SiLU), RMSNorm with the model's epsilon, QKV bias (Qwen2), q/k RMSNorm (Qwen3), the head
 dim (``kv_channels``) and tied embeddings. The layer spec is the local one
-(``get_gpt_layer_local_spec``: megatron's own linear layers, RMSNorm and dot-product
-attention), so Transformer Engine is not needed; every kernel fusion that would need it or
-Apex is off.
+(``get_gpt_layer_local_spec``: megatron's own linear layers, torch's RMSNorm and
+megatron's dot-product attention), so Transformer Engine is not needed; every kernel fusion
+that would need it or Apex is off. The torch norms of that spec do not support sequence
+parallelism, so it is not offered.
 
 RoPE frequencies are taken from the Hugging Face model's own rotary module, so every
 ``rope_type`` whose attention scaling is 1 (default, linear, llama3, ...) matches exactly;
