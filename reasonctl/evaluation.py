@@ -23,6 +23,7 @@ number or math expression when the reference is one, else as normalised text.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -237,27 +238,57 @@ def evaluate(
     max_samples: int | None = None,
     seed: int = 0,
 ) -> EvalReport:
-    """Generate an answer for every sample and score it (see the module docstring)."""
+    """Load ``model`` and score it on ``data`` (see the module docstring)."""
     import torch
 
+    answer_format = answer_format or config.eval.answer_format
+    samples = eval_samples(config, registry, data, max_samples=max_samples)
+    torch.manual_seed(seed)
+    engine, processor = load_engine(model, config, registry)
+    report = score_samples(
+        engine, processor, samples, answer_format=answer_format,
+        params=sampling_for_eval(config, seed=seed),
+        default_source=Path(data or config.eval.data or "data").stem,
+    )
+    report.model, report.data = model, str(data or config.eval.data)
+    return report
+
+
+def eval_samples(
+    config: RunConfig, registry: Registry, data: str | None = None, *,
+    max_samples: int | None = None,
+) -> list[Sample]:
+    """The first ``max_samples`` (or ``eval.max_samples``) evaluation samples, with the
+    multiple-choice layout applied as in training."""
     from reasonctl.algorithms.prompting import layout_mcq
 
-    answer_format = answer_format or config.eval.answer_format
-    if answer_format not in ANSWER_FORMATS:
-        raise ConfigError([f"answer format {answer_format!r} is not one of "
-                           f"{', '.join(ANSWER_FORMATS)}"])
     dataset = load_eval_dataset(config, registry, data)
     limit = max_samples or config.eval.max_samples
     count = len(dataset) if limit is None else min(limit, len(dataset))
-    samples = [layout_mcq(dataset[i]) for i in range(count)]
-    torch.manual_seed(seed)
-    engine, processor = load_engine(model, config, registry)
+    return [layout_mcq(dataset[i]) for i in range(count)]
+
+
+def score_samples(
+    engine: Any,
+    processor: Any,
+    samples: Sequence[Sample],
+    *,
+    answer_format: str,
+    params: SamplingParams,
+    default_source: str = "data",
+) -> EvalReport:
+    """Generate one answer per sample with ``engine`` and score it.
+
+    Used by :func:`evaluate` and by training algorithms for periodic evaluation with the
+    policy's own engine. A sample's source is its ``meta["source"]``, else
+    ``default_source``.
+    """
+    if answer_format not in ANSWER_FORMATS:
+        raise ConfigError([f"answer format {answer_format!r} is not one of "
+                           f"{', '.join(ANSWER_FORMATS)}"])
     encoded = [processor.encode_prompt(s) for s in samples]
-    groups = engine.generate([{"input_ids": e.input_ids, **e.extras} for e in encoded],
-                             sampling_for_eval(config, seed=seed))
-    default_source = Path(data or config.eval.data or "data").stem
-    report = EvalReport(model=model, data=str(data or config.eval.data),
-                        answer_format=answer_format)
+    groups = engine.generate([{"input_ids": e.input_ids, **e.extras} for e in encoded], params)
+    report = EvalReport(answer_format=answer_format)
     for sample, group in zip(samples, groups, strict=True):
         completion = group[0]
         parsed, correct = parse_and_score(completion.text, sample, answer_format)
@@ -309,11 +340,13 @@ __all__ = [
     "EvalReport",
     "Prediction",
     "accuracy_table",
+    "eval_samples",
     "evaluate",
     "load_engine",
     "load_eval_dataset",
     "parse_and_score",
     "sampling_for_eval",
+    "score_samples",
     "write_report",
 ]
 

@@ -140,10 +140,14 @@ def test_separate_engine_copy_is_synced_before_each_rollout(tmp_path: Path,
                                                             tiny_model_dir: Path) -> None:
     config = _config(tmp_path, tiny_model_dir)
     config["rollout"]["hf"] = {"share_weights": False}
+    config["eval"] = {"data": str(tmp_path / "prompts.jsonl"), "every_steps": 2,
+                      "answer_format": "letter", "max_samples": 4}
     reasonctl.run(config, rewards=[byte_parity])
     steps = _metrics(tmp_path / "run")
     # after the first update the policy changed; a stale copy would show a large gap
     assert all(row["rollout/logprob_gap"] < 1e-3 for row in steps)
+    assert [("eval/accuracy" in row) for row in steps] == [False, True, False]
+    assert 0.0 <= steps[1]["eval/prompts/accuracy"] <= 1.0
 
 
 @pytest.mark.slow
@@ -180,8 +184,11 @@ def test_quickstart_reward_rises_and_export_beats_the_start(
                    'logging.loggers=["jsonl"]'],
     )
     result = reasonctl.run(config)
-    rewards = [row["reward/mean"] for row in _metrics(out)]
+    steps = _metrics(out)
+    rewards = [row["reward/mean"] for row in steps]
     assert sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5 >= 0.3
+    periodic = [row["eval/accuracy"] for row in steps if "eval/accuracy" in row]
+    assert len(periodic) == len(steps) // 30 and periodic[-1] >= 0.5
     registry = PluginHost.load().registry
     held_out = str(REPO / "examples/data/quickstart_grpo_eval.jsonl")
     trained = evaluate(config, registry, model=str(result.export_dir), data=held_out,

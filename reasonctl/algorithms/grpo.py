@@ -26,7 +26,8 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -88,6 +89,7 @@ class GRPO:
         self.loss_settings: PolicyLossSettings | None = None
         self.temperature = 1.0
         self.micro_batch_size = 1
+        self.eval_samples: list[Sample] = []
 
     # --- Algorithm protocol ---------------------------------------------------------------
 
@@ -143,6 +145,11 @@ class GRPO:
                 )
             build()
         self.engine = ctx.build_rollout_engine()
+        if config.eval.data and config.eval.every_steps:
+            from reasonctl.evaluation import eval_samples
+
+            samples = eval_samples(config, ctx.registry)
+            self.eval_samples = samples[backend.rank :: backend.world_size]
 
     def step(self, ctx: RunContext) -> Metrics:
         """Rollout, score, recompute log-probs, update; return the step's metrics."""
@@ -162,6 +169,9 @@ class GRPO:
         else:
             metrics["update/skipped"] = 1.0
         metrics["time/update_s"] = time.perf_counter() - update_started
+        every = ctx.config.eval.every_steps
+        if self.eval_samples and every and (ctx.step + 1) % every == 0:
+            metrics.update(self._evaluate(ctx))
         metrics["time/step_s"] = time.perf_counter() - started
         return backend.all_reduce_mean(metrics) if backend.world_size > 1 else metrics
 
@@ -423,6 +433,30 @@ class GRPO:
         )
         metrics.pop("entropy", None)  # the pre-update entropy of all rows is reported
         metrics.pop("kl", None)
+        return metrics
+
+    # --- periodic evaluation -----------------------------------------------------------------
+
+    def _evaluate(self, ctx: RunContext) -> Metrics:
+        """Greedy answers on ``[eval] data`` (``rollout.max_new_tokens``/``stop``) with the
+        updated policy: ``eval/accuracy`` and ``eval/<source>/accuracy``."""
+        from reasonctl.evaluation import score_samples
+
+        assert self.engine is not None
+        started = time.perf_counter()
+        backend = _backend(ctx)
+        if not getattr(self.engine, "shares_policy_weights", False):
+            self.engine.update_weights(backend.full_state_dict())
+        greedy = replace(self.sampling_params(ctx, seed=ctx.config.run.seed), n=1,
+                         temperature=0.0)
+        report = score_samples(self.engine, self.processor, self.eval_samples,
+                               answer_format=ctx.config.eval.answer_format, params=greedy,
+                               default_source=Path(str(ctx.config.eval.data)).stem)
+        metrics: Metrics = {"eval/accuracy": report.accuracy}
+        if backend.world_size == 1:  # per-source keys could differ between rank shards
+            for source, (correct, total) in report.by_source().items():
+                metrics[f"eval/{source}/accuracy"] = correct / total
+        metrics["time/eval_s"] = time.perf_counter() - started
         return metrics
 
     # --- metrics ----------------------------------------------------------------------------
