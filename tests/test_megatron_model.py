@@ -195,6 +195,12 @@ def _tp_worker(rank: int, port: int, arch: str, result_path: str) -> None:
         entropy = prepared.restore(out.entropy)
         targets = (batch["attention_mask"][:, 1:] * batch["attention_mask"][:, :-1]).float()
         ((logprobs - 0.1 * entropy) * targets).sum().backward()
+        # the gradient norm as megatron's optimizers compute it: TP duplicates counted once
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        squares = sum((p.grad.double() ** 2).sum() for p in model.parameters()
+                      if param_is_not_tensor_parallel_duplicate(p))
+        dist.all_reduce(squares, group=parallel_state.get_model_parallel_group())
         grads = {}  # gradients gathered over TP and mapped to Hugging Face names
         for name, param in model.named_parameters():
             parts = [torch.empty_like(param.grad) for _ in range(2)]
@@ -202,7 +208,7 @@ def _tp_worker(rank: int, port: int, arch: str, result_path: str) -> None:
             grads.update(megatron_to_hf_tensors(name, merge_tp(name, parts), shape))
         if rank == 0:
             torch.save({"logprobs": logprobs.detach(), "entropy": entropy.detach(),
-                        "grads": grads}, result_path)
+                        "grads": grads, "grad_norm": float(squares.sqrt())}, result_path)
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
@@ -212,7 +218,7 @@ def _tp_worker(rank: int, port: int, arch: str, result_path: str) -> None:
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_tensor_parallel_model_matches_transformers_with_gradients(arch: str, tmp_path: Path
                                                                    ) -> None:
-    """TP=2: log-probs, entropy (temperature 0.7) and every weight gradient match."""
+    """TP=2: log-probs, entropy (temperature 0.7), every weight gradient and the norm match."""
     import torch.multiprocessing as mp
 
     context = mp.get_context("spawn")
@@ -243,3 +249,5 @@ def test_tensor_parallel_model_matches_transformers_with_gradients(arch: str, tm
     assert sorted(result["grads"]) == sorted(hf_grads)
     for name, grad in hf_grads.items():
         assert torch.allclose(result["grads"][name], grad, atol=1e-4, rtol=1e-3), name
+    norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in hf_grads.values())))
+    assert result["grad_norm"] == pytest.approx(norm, rel=1e-4)

@@ -88,7 +88,10 @@ def transformer_config(hf_config: Any, *, sizes: ModelParallelSizes, dtype: torc
         bf16=dtype == torch.bfloat16,
         fp16=dtype == torch.float16,
         use_cpu_initialization=cpu_init,
-        perform_initialization=False,  # every weight is loaded from the checkpoint
+        # kept on although every weight is then loaded: megatron marks tensor-parallel
+        # weights (``tensor_model_parallel``, which the gradient norm relies on) only
+        # while initialising them
+        perform_initialization=True,
         **extra,
     )
 
@@ -97,7 +100,8 @@ def build_gpt_model(hf_config: Any, config: Any, *, pre_process: bool, post_proc
                     vp_stage: int | None = None) -> Any:
     """One model chunk: a ``GPTModel`` for the stage described by the flags.
 
-    Weights are left uninitialised; load them with :func:`load_chunk_weights`.
+    Weights are randomly initialised; load the real ones with
+    :func:`~reasonctl.backends.megatron.weights.load_chunk_weights`.
     """
     require_megatron()
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
