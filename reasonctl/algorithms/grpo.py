@@ -34,7 +34,7 @@ import torch
 
 from reasonctl.algorithms.grpo_loss import PolicyLossSettings, group_advantages, policy_loss
 from reasonctl.algorithms.prompting import layout_mcq
-from reasonctl.core.errors import ReasonctlError
+from reasonctl.core.errors import ConfigError, ReasonctlError
 from reasonctl.core.rewarding import RewardSet
 from reasonctl.core.types import Completion, Metrics, RolloutGroup, Sample, SamplingParams
 
@@ -124,6 +124,9 @@ class GRPO:
             ctx.total_steps = config.train.epochs * math.ceil(
                 len(self.dataset) / cfg.prompts_per_step
             )
+        if config.rollout.n < 2:
+            raise ConfigError([f"rollout.n: GRPO compares completions within a group, so it "
+                               f"needs at least 2 per prompt (got {config.rollout.n})"])
         per_rank, rest = divmod(cfg.prompts_per_step, backend.world_size)
         if rest or per_rank == 0:
             raise ReasonctlError(
