@@ -1,0 +1,214 @@
+"""Rollout throughput: reasonctl's embedded engine against ``transformers`` ``generate``.
+
+Both sample from the same random Qwen2.5-shaped model (bf16 weights, the ``single``
+backend's module, which the ``hf`` engine shares as it does in GRPO) on the same random
+prompts: ``--prompts`` prompts of ``--prompt-len`` tokens, ``--new-tokens`` new tokens
+each, temperature 1, no top-k/top-p. Each side runs once untimed (warm-up: compilation,
+graph capture) and once timed; tokens/s counts generated tokens (up to and including an
+end token) over wall time.
+
+Also reported:
+
+- greedy parity: the engine with temperature 0 against ``generate(do_sample=False)`` on
+  ``--parity-prompts`` prompts (identical ids, or the first position that differs);
+- the sampled log-prob gap: the engine's log-prob of each sampled token against the
+  trainer's recomputation (``backend.token_outputs``), the ``rollout/logprob_gap`` of GRPO.
+
+    python -m bench.rollout
+
+The last line printed is a JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.common import (
+    build_model_dir,
+    emit,
+    environment,
+    free_memory,
+    log,
+    now,
+    random_rows,
+    reasonctl_backend,
+)
+
+
+def parse_args() -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="0.5b", choices=["0.5b", "1.5b", "tiny"])
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--parity-prompts", type=int, default=4)
+    parser.add_argument("--parity-tokens", type=int, default=64)
+    parser.add_argument("--gap-rows", type=int, default=16,
+                        help="Sampled completions whose log-probs are recomputed.")
+    parser.add_argument("--skip-generate", action="store_true",
+                        help="Skip the sampled transformers baseline (slow).")
+    parser.add_argument("--out", default="/tmp/reasonctl-bench")
+    return parser.parse_args()
+
+
+def engine_config(ctx_values: dict[str, Any], max_batch_size: int) -> dict[str, Any]:
+    """``[rollout]`` values for the ``hf`` engine with room for every sequence at once."""
+    from reasonctl.plugins.rollout.hf import HFRolloutConfig
+
+    engine: dict[str, Any] = {}
+    if "max_batch_size" in HFRolloutConfig.model_fields:
+        engine["max_batch_size"] = max_batch_size
+    return {**ctx_values, "hf": engine}
+
+
+def sampling(new_tokens: int, *, temperature: float, seed: int) -> Any:
+    """Plain sampling parameters (no top-k/top-p), one completion per prompt."""
+    from reasonctl.core.types import SamplingParams
+
+    return SamplingParams(n=1, temperature=temperature, top_p=1.0, top_k=0,
+                          max_new_tokens=new_tokens, seed=seed)
+
+
+def engine_generate(engine: Any, prompts: list[list[int]], params: Any
+                    ) -> tuple[list[Any], float]:
+    """Completions of ``prompts`` (one each) and the wall time."""
+    started = now()
+    groups = engine.generate([{"input_ids": p} for p in prompts], params)
+    return [g[0] for g in groups], now() - started
+
+
+def hf_generate(model: Any, prompts: list[list[int]], new_tokens: int, *, sample: bool,
+                eos: int, pad: int) -> tuple[list[list[int]], float]:
+    """``model.generate`` on equal-length prompts; returns new ids (cut after an end token)."""
+    device = next(model.parameters()).device
+    ids = torch.tensor(prompts, device=device)
+    options: dict[str, Any] = {"do_sample": sample, "max_new_tokens": new_tokens,
+                               "eos_token_id": eos, "pad_token_id": pad}
+    if sample:
+        options.update(temperature=1.0, top_k=0, top_p=1.0)
+    started = now()
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **options)
+    elapsed = now() - started
+    rows = []
+    for row in out[:, ids.shape[1] :].tolist():
+        rows.append(row[: row.index(eos) + 1] if eos in row else row)
+    return rows, elapsed
+
+
+def parity(engine_ids: list[list[int]], reference: list[list[int]]) -> dict[str, Any]:
+    """Per prompt: equal, or the first position where the greedy ids differ."""
+    first_diffs = []
+    for a, b in zip(engine_ids, reference, strict=True):
+        diff = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        if diff is None and len(a) != len(b):
+            diff = min(len(a), len(b))
+        first_diffs.append(diff)
+    return {"identical": sum(d is None for d in first_diffs), "prompts": len(first_diffs),
+            "first_diff": first_diffs}
+
+
+def greedy_parity(engine: Any, model: Any, prompts: list[list[int]], args: argparse.Namespace,
+                  *, eos: int, pad: int) -> dict[str, Any]:
+    """The engine at temperature 0 against ``generate(do_sample=False)``."""
+    chosen = prompts[: args.parity_prompts]
+    greedy, _ = engine_generate(engine, chosen,
+                                sampling(args.parity_tokens, temperature=0.0, seed=0))
+    reference, _ = hf_generate(model, chosen, args.parity_tokens, sample=False, eos=eos,
+                               pad=pad)
+    result = parity([list(c.token_ids) for c in greedy], reference)
+    log(f"greedy parity ({next(model.parameters()).dtype}): {result}")
+    return result
+
+
+def logprob_gap(backend: Any, prompts: list[list[int]], completions: list[Any]
+                ) -> dict[str, float]:
+    """Engine log-probs of sampled tokens against the trainer's recomputation."""
+    from reasonctl.data.processing import EncodedSample, collate
+
+    samples = [EncodedSample(p + list(c.token_ids), [0] * len(p) + [1] * len(c.token_ids))
+               for p, c in zip(prompts, completions, strict=True)]
+    batch = collate(samples, pad_id=0)
+    trainer = backend.token_outputs(batch).logprobs.float().cpu()
+    gaps = []
+    for row, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+        start = len(prompt) - 1
+        recomputed = trainer[row, start : start + len(completion.token_ids)]
+        gaps.append((torch.tensor(completion.logprobs) - recomputed).abs())
+    flat = torch.cat(gaps)
+    return {"max_abs": float(flat.max()), "mean_abs": float(flat.mean())}
+
+
+def main() -> None:
+    """Run the engine and the baseline and print the comparison."""
+    args = parse_args()
+    out = Path(args.out)
+    model_dir = build_model_dir(out / "models", args.size)
+    prompts = random_rows(args.prompts, args.prompt_len, seed=2)
+    backend, ctx = reasonctl_backend(model_dir, out / "run" / "rollout", values={
+        "model": {"max_length": args.prompt_len + args.new_tokens},
+        "backend": {"single": {"param_dtype": "compute"}},
+        "rollout": engine_config({"engine": "hf"}, args.prompts),
+    })
+    engine = ctx.build_rollout_engine()
+    eos = int(backend.hf_model.config.eos_token_id)
+    pad = int(backend.hf_model.config.pad_token_id)
+    summary: dict[str, Any] = {"bench": "rollout", "size": args.size, "prompts": args.prompts,
+                               "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+                               **environment()}
+
+    log("--- reasonctl engine (warm-up, then timed)")
+    warm_started = now()
+    engine_generate(engine, prompts, sampling(args.new_tokens, temperature=1.0, seed=0))
+    summary["reasonctl_warmup_s"] = now() - warm_started
+    log(f"warm-up: {summary['reasonctl_warmup_s']:.1f} s")
+    completions, seconds = engine_generate(engine, prompts,
+                                           sampling(args.new_tokens, temperature=1.0, seed=1))
+    tokens = sum(len(c.token_ids) for c in completions)
+    summary["reasonctl"] = {"tokens": tokens, "seconds": seconds,
+                            "tokens_per_s": tokens / seconds,
+                            "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9
+                            if torch.cuda.is_available() else 0.0}
+    log(f"reasonctl: {tokens} tokens in {seconds:.2f} s = {tokens / seconds:.0f} tok/s")
+    summary["logprob_gap"] = logprob_gap(backend, prompts[: args.gap_rows],
+                                         completions[: args.gap_rows])
+    log(f"sampled log-prob gap vs trainer: {summary['logprob_gap']}")
+
+    summary["greedy_parity"] = {"bfloat16": greedy_parity(engine, backend.hf_model,
+                                                           prompts, args, eos=eos, pad=pad)}
+
+    if not args.skip_generate:
+        log("--- transformers generate (warm-up, then timed)")
+        free_memory()
+        hf_generate(backend.hf_model, prompts, 8, sample=True, eos=eos, pad=pad)
+        log("generate warm-up done")
+        rows, hf_seconds = hf_generate(backend.hf_model, prompts, args.new_tokens, sample=True,
+                                       eos=eos, pad=pad)
+        hf_tokens = sum(len(r) for r in rows)
+        summary["generate"] = {"tokens": hf_tokens, "seconds": hf_seconds,
+                               "tokens_per_s": hf_tokens / hf_seconds}
+        summary["speedup"] = summary["reasonctl"]["tokens_per_s"] / (hf_tokens / hf_seconds)
+        log(f"generate: {hf_tokens} tokens in {hf_seconds:.2f} s = "
+            f"{hf_tokens / hf_seconds:.0f} tok/s; reasonctl is {summary['speedup']:.1f}x")
+    backend.close()
+    free_memory()
+    # random weights give nearly flat logits, so bf16 rounding alone can flip a greedy
+    # choice; float32 weights separate implementation differences from rounding
+    backend, ctx = reasonctl_backend(model_dir, out / "run" / "rollout-fp32", values={
+        "model": {"max_length": args.prompt_len + args.new_tokens, "dtype": "float32"},
+        "backend": {"single": {"param_dtype": "compute"}},
+        "rollout": engine_config({"engine": "hf"}, args.prompts),
+    })
+    summary["greedy_parity"]["float32"] = greedy_parity(
+        ctx.build_rollout_engine(), backend.hf_model, prompts, args, eos=eos, pad=pad)
+    backend.close()
+    emit(summary)
+
+
+if __name__ == "__main__":
+    main()
