@@ -143,7 +143,7 @@ def run(
             keep=config.checkpoint.keep,
             is_main=backend.is_main,
             barrier=backend.barrier,
-            rank=backend.rank,
+            rank=env_rank(),
         )
         if config.checkpoint.upload and backend.is_main:
             from reasonctl.core.uploads import Uploader
@@ -194,7 +194,7 @@ def _maybe_resume(ctx: RunContext, algorithm: Algorithm) -> None:
     ctx.info(f"resuming from {info.path} (step {info.step})")
     ctx.backend.load_checkpoint(info.path / "state")
     algorithm.load_state_dict(info.manifest.get("algorithm", {}))
-    if not load_rng_state(info.path / f"rng_rank{ctx.backend.rank}.pt"):
+    if not load_rng_state(info.path / f"rng_rank{env_rank()}.pt"):
         load_rng_state(info.path / "rng_rank0.pt")
     ctx.step = info.step
 
@@ -235,11 +235,22 @@ def _loop(ctx: RunContext, algorithm: Algorithm, loggers: list[Logger], uploader
 
 
 def _agreed_stop(ctx: RunContext, stop: StopRequest) -> bool:
+    """Whether any process received a stop signal (all processes must agree to stop).
+
+    Agreement spans every process of the job, not just data-parallel ranks: tensor- or
+    pipeline-parallel peers must stop at the same step too.
+    """
+    import torch
+    import torch.distributed as dist
+
+    requested = stop.requested
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return requested
     assert ctx.backend is not None
-    if ctx.backend.world_size == 1:
-        return stop.requested
-    flag = ctx.backend.all_reduce_mean({"stop": 1.0 if stop.requested else 0.0})
-    return flag["stop"] > 0
+    device = ctx.backend.device if dist.get_backend() == "nccl" else torch.device("cpu")
+    flag = torch.tensor([1.0 if requested else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() > 0)
 
 
 def _save_checkpoint(ctx: RunContext, algorithm: Algorithm, uploader: Any) -> Path:
