@@ -90,7 +90,7 @@ def test_logprobs_match_the_trainer_recomputation(model: Any, tokenizer: Any,
             engine_logprobs.append(torch.tensor(completion.logprobs))
     batch = collate(encoded, tokenizer.pad_token_id)
     with torch.no_grad():
-        trainer = TokenLogprobModel(model)(batch, temperature=0.7).logprobs
+        trainer, _ = TokenLogprobModel(model)(batch, temperature=0.7)
     gap = max(
         float((trainer[i, span] - engine).abs().max())
         for i, (span, engine) in enumerate(zip(spans, engine_logprobs, strict=True))
