@@ -197,3 +197,33 @@ def test_quickstart_reward_rises_and_export_beats_the_start(
                      answer_format="letter")
     assert trained.accuracy > start.accuracy
     assert trained.accuracy >= 0.5
+
+
+def test_mcq_layout_writes_lettered_options_once() -> None:
+    from reasonctl.algorithms.prompting import layout_mcq, option_lines
+    from reasonctl.core.types import ContentPart, Message
+
+    assert option_lines({"A": "cat", "B": " dog "}) == "A. cat\nB. dog"
+    video = ContentPart("video", path="clip.mp4")
+    sample = Sample([Message("user", [video, ContentPart("text", text="Is it safe?")])],
+                    reference="B", meta={"choices": ["yes", "no"]})
+    laid = layout_mcq(sample)
+    assert laid.messages[0].content[0] is video
+    assert laid.messages[0].text == "Is it safe?\nA. yes\nB. no"
+    assert layout_mcq(laid).messages[0].text == laid.messages[0].text  # idempotent
+    assert sample.messages[0].text == "Is it safe?"  # the original is untouched
+
+    qa = Sample([Message("user", [video])], meta={"qa_pairs": [
+        {"question": "What moves?", "index2ans": {"A": "a car", "B": "a bike"}, "answer": "A"}
+    ]})
+    assert layout_mcq(qa).messages[0].text == "What moves?\nA. a car\nB. a bike"
+
+    placed = Sample([Message("user", [ContentPart(
+        "text", text="What moves?\n{choices}\nAnswer with the letter.")])],
+        reference={"question": "What moves?", "index2ans": {"A": "car", "B": "bike"},
+                   "answer": "B"})
+    assert layout_mcq(placed).messages[0].text == (
+        "What moves?\nA. car\nB. bike\nAnswer with the letter."
+    )
+    plain = Sample([Message("user", [ContentPart("text", text="2+2?")])], reference="4")
+    assert layout_mcq(plain) is plain
