@@ -227,3 +227,62 @@ def test_mcq_layout_writes_lettered_options_once() -> None:
     )
     plain = Sample([Message("user", [ContentPart("text", text="2+2?")])], reference="4")
     assert layout_mcq(plain) is plain
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_process_fsdp_grpo_with_kl_and_dynamic_sampling(tmp_path: Path,
+                                                             tiny_model_dir: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    data = _write_prompts(tmp_path / "prompts.jsonl")
+    config = tmp_path / "grpo.toml"
+    config.write_text(f"""
+[model]
+name_or_path = "{tiny_model_dir}"
+max_length = 64
+[data]
+format = "jsonl"
+[data.jsonl]
+path = "{data}"
+[algorithm]
+name = "grpo"
+[algorithm.grpo]
+prompts_per_step = 4
+kl_beta = 0.1
+dynamic_sampling = true
+max_sampling_rounds = 3
+[rollout]
+n = 4
+max_new_tokens = 3
+[train]
+lr = 1e-2
+max_steps = 3
+micro_batch_size = 4
+[backend]
+device = "cpu"
+[[rewards.components]]
+name = "length"
+max_length = 3
+buffer = 3
+[checkpoint]
+export_final = false
+[logging]
+loggers = ["jsonl"]
+plot = false
+""")
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "reasonctl", "run", "--backend", "fsdp",
+               "--nproc-per-node", "2", "--config", str(config), "--output-dir", str(out)]
+    proc = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    steps = _metrics(out)
+    assert [row["step"] for row in steps] == [1, 2, 3]
+    assert steps[0]["kl"] == pytest.approx(0.0, abs=1e-7)
+    for row in steps:  # the engine's own copy is refreshed from the sharded policy
+        assert row["rollout/logprob_gap"] < 1e-3
+        assert row["rollout/groups_kept"] == 2  # per rank, after dropping equal-reward groups
+    assert steps[-1]["kl"] > 0.0
