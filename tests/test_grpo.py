@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _write_prompts(path: Path, count: int = 8) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for i in range(count):
         letter = "AB"[i % 2]
