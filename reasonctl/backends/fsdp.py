@@ -139,7 +139,11 @@ class FSDPBackend(TorchBackend):
         options = {"mesh": self.mesh, "mp_policy": policy_mp}
         for block in reversed(blocks):
             fully_shard(block, reshard_after_forward=self.reshard_after_forward, **options)
-        fully_shard(policy, reshard_after_forward=self.reshard_after_forward, **options)
+        # The root group holds the embedding and (tied) output head. Backward needs them right
+        # after forward, and the log-prob op recomputes the head's logits chunk by chunk in
+        # backward, so resharding the root after forward only frees memory that is gathered
+        # again at once -- and leaves that recomputation reading a freed weight.
+        fully_shard(policy, reshard_after_forward=False, **options)
 
     # --- weights out ----------------------------------------------------------------------
 
