@@ -8,10 +8,12 @@ A step of :class:`GRPO`:
    are drawn, up to ``max_sampling_rounds`` rounds.
 2. **Rewards** from the configured :class:`~reasonctl.core.rewarding.RewardSet`;
    advantages are normalised within each group (:func:`~.grpo_loss.group_advantages`).
-3. **Old log-probs.** The trainer recomputes the log-probs (and entropy) of every
-   completion under the current weights, and under the frozen reference model when
-   ``kl_beta > 0``. ``rollout/logprob_gap`` is the largest difference between the engine's
-   and the trainer's log-probs of the same tokens: a health check of the rollout.
+3. **Old log-probs.** With several optimizer steps per rollout the trainer first
+   recomputes the log-probs (and entropy) of every completion under the current weights;
+   with one, the update's own forward pass provides them. With ``kl_beta > 0`` the frozen
+   reference model scores the completions too. ``rollout/logprob_gap`` is the largest
+   difference between the engine's and the trainer's log-probs of the same tokens under
+   the same weights: a health check of the rollout.
 4. **Updates.** ``ppo_epochs`` passes, each split into ``mini_batches`` optimizer steps,
    minimise :func:`~.grpo_loss.policy_loss` against the stored old log-probs, normalised by
    the mini-batch's global token or sequence count so micro-batching does not change it.
@@ -76,8 +78,51 @@ class _Rollout:
     reward_seconds: float = 0.0
 
 
+@dataclass
+class _PolicyStats:
+    """Per-token statistics of the policy before its update, over completion tokens."""
+
+    gap: float = 0.0
+    entropy_sum: float = 0.0
+    kl_sum: float = 0.0
+    tokens: float = 0.0
+    with_kl: bool = False
+
+    def add(self, batch: dict[str, Any], logprobs: torch.Tensor, entropy: torch.Tensor | None,
+            ref_logprobs: torch.Tensor | None, estimator: str) -> None:
+        """Accumulate one micro-batch (``[B, T-1]`` tensors aligned with the batch)."""
+        from reasonctl.algorithms.grpo_loss import kl_estimate
+
+        logprobs = logprobs.detach().float()
+        mask = batch["completion_mask"].to(logprobs.device)
+        engine = batch["engine_logprobs"].to(logprobs.device)
+        self.gap = max(self.gap, float(((logprobs - engine).abs() * mask).max()))
+        self.tokens += float(mask.sum())
+        if entropy is not None:
+            self.entropy_sum += float((entropy.detach().float() * mask).sum())
+        if ref_logprobs is not None:
+            kl = kl_estimate(logprobs, ref_logprobs.to(logprobs.device).float(),
+                             estimator)  # type: ignore[arg-type]
+            self.kl_sum += float((kl * mask).sum())
+            self.with_kl = True
+
+    def metrics(self) -> Metrics:
+        """``rollout/logprob_gap``, ``entropy`` and (with a reference) ``kl``."""
+        count = max(self.tokens, 1.0)
+        out: Metrics = {"rollout/logprob_gap": self.gap, "entropy": self.entropy_sum / count}
+        if self.with_kl:
+            out["kl"] = self.kl_sum / count
+        return out
+
+
 class GRPO:
-    """GRPO-family policy optimisation (see the module docstring for a step)."""
+    """GRPO-family policy optimisation (see the module docstring for a step).
+
+    With one optimizer step per rollout (``ppo_epochs = mini_batches = 1``) the update is
+    on-policy: the old log-probs equal the current ones, so no separate forward pass
+    computes them; the log-prob gap, entropy and KL metrics then come from the update's own
+    forward pass, before the weights change.
+    """
 
     def __init__(self, config: GRPOConfig) -> None:
         self.config = config
@@ -162,13 +207,15 @@ class GRPO:
         rows = self._training_rows(rollout)
         metrics: Metrics = {}
         metrics.update(self._rollout_metrics(rollout))
+        stats = _PolicyStats()
         logprob_started = time.perf_counter()
         if rows:
-            metrics.update(self._old_logprobs(backend, rows))
+            self._old_logprobs(backend, rows, stats)
         update_started = time.perf_counter()
         metrics["time/logprob_s"] = update_started - logprob_started
         if rows:
-            metrics.update(self._update(ctx, backend, rows))
+            metrics.update(self._update(ctx, backend, rows, stats))
+            metrics.update(stats.metrics())
         else:
             metrics["update/skipped"] = 1.0
         metrics["time/update_s"] = time.perf_counter() - update_started
@@ -325,6 +372,10 @@ class GRPO:
         batch = collate([r.encoded for r in rows], self.processor.pad_id)
         width = batch["input_ids"].shape[1] - 1
         batch["advantages"] = torch.tensor([r.advantage for r in rows], dtype=torch.float32)
+        batch["engine_logprobs"] = _aligned(
+            rows, [torch.tensor(r.completion.logprobs) for r in rows], width
+        )
+        batch["completion_mask"] = _aligned(rows, [1.0] * len(rows), width)
         for key in ("old_logprobs", "ref_logprobs"):
             values = [getattr(r, key) for r in rows]
             if all(v is not None for v in values):
@@ -336,39 +387,38 @@ class GRPO:
 
     # --- log-probs before the update ------------------------------------------------------
 
-    def _old_logprobs(self, backend: Backend, rows: Sequence[_Row]) -> Metrics:
-        temperature = self._train_temperature()
+    @property
+    def on_policy(self) -> bool:
+        """True when each rollout feeds exactly one optimizer step."""
+        return self.config.ppo_epochs == 1 and self.config.mini_batches == 1
+
+    def _old_logprobs(self, backend: Backend, rows: Sequence[_Row], stats: _PolicyStats) -> None:
+        """Store old (unless on-policy) and reference (with a KL term) log-probs per row."""
         with_ref = self.config.kl_beta > 0
-        micro = self.micro_batch_size
-        gaps: list[float] = []
-        for chunk in self._micro_batches(rows, micro):
+        if self.on_policy and not with_ref:
+            return
+        assert self.loss_settings is not None
+        temperature = self._train_temperature()
+        for chunk in self._micro_batches(rows, self.micro_batch_size):
             batch = self._batch(chunk)
-            outputs = backend.token_outputs(batch, with_entropy=True, temperature=temperature)
+            outputs = None
+            if not self.on_policy:
+                outputs = backend.token_outputs(batch, with_entropy=True,
+                                                temperature=temperature)
             reference = (
                 backend.reference_token_outputs(batch, temperature=temperature)  # type: ignore[attr-defined]
                 if with_ref else None
             )
             for i, row in enumerate(chunk):
                 span = slice(row.prompt_len - 1, row.prompt_len - 1 + row.completion_len)
-                row.old_logprobs = outputs.logprobs[i, span].detach().float().cpu()
-                assert outputs.entropy is not None
-                row.entropy = outputs.entropy[i, span].detach().float().cpu()
+                if outputs is not None:
+                    row.old_logprobs = outputs.logprobs[i, span].detach().float().cpu()
                 if reference is not None:
                     row.ref_logprobs = reference.logprobs[i, span].detach().float().cpu()
-                engine = torch.tensor(row.completion.logprobs, dtype=torch.float32)
-                gaps.append(float((engine - row.old_logprobs).abs().max()))
-        tokens = torch.cat([r.entropy for r in rows if r.entropy is not None])
-        metrics: Metrics = {"rollout/logprob_gap": max(gaps), "entropy": float(tokens.mean())}
-        if with_ref:
-            from reasonctl.algorithms.grpo_loss import kl_estimate
-
-            assert self.loss_settings is not None
-            kl = torch.cat([
-                kl_estimate(r.old_logprobs, r.ref_logprobs, self.loss_settings.kl_estimator)
-                for r in rows if r.old_logprobs is not None and r.ref_logprobs is not None
-            ])
-            metrics["kl"] = float(kl.mean())
-        return metrics
+            if outputs is not None:
+                stats.add(batch, outputs.logprobs, outputs.entropy,
+                          reference.logprobs if reference is not None else None,
+                          self.loss_settings.kl_estimator)
 
     def _train_temperature(self) -> float:
         """The temperature log-probs are computed at: the rollout's (1 for greedy)."""
@@ -376,7 +426,8 @@ class GRPO:
 
     # --- the update -------------------------------------------------------------------------
 
-    def _update(self, ctx: RunContext, backend: Backend, rows: list[_Row]) -> Metrics:
+    def _update(self, ctx: RunContext, backend: Backend, rows: list[_Row],
+                stats: _PolicyStats) -> Metrics:
         cfg = self.config
         groups = sorted({r.group for r in rows})
         generator = torch.Generator().manual_seed(_seed(ctx.config.run.seed, ctx.step, 7, 0))
@@ -390,7 +441,7 @@ class GRPO:
             for part in range(cfg.mini_batches):
                 chosen = set(order[part :: cfg.mini_batches])
                 mini = [r for r in rows if r.group in chosen]
-                metrics = self._optimizer_step(backend, mini)
+                metrics = self._optimizer_step(backend, mini, stats)
                 if metrics is None:
                     continue
                 updates += 1
@@ -400,7 +451,8 @@ class GRPO:
         out["update/optimizer_steps"] = float(updates)
         return out
 
-    def _optimizer_step(self, backend: Backend, rows: Sequence[_Row]) -> Metrics | None:
+    def _optimizer_step(self, backend: Backend, rows: Sequence[_Row],
+                        stats: _PolicyStats) -> Metrics | None:
         assert self.loss_settings is not None
         settings = self.loss_settings
         tokens = float(sum(sum(r.encoded.loss_mask) for r in rows))
@@ -413,29 +465,31 @@ class GRPO:
             return None
         micro_batches = [self._batch(chunk)
                          for chunk in self._micro_batches(rows, self.micro_batch_size)]
+        on_policy = self.on_policy
 
         def loss_fn(outputs: TokenOutputs, batch: dict[str, Any]) -> tuple[torch.Tensor, Metrics]:
             logprobs = outputs.logprobs
             device = logprobs.device
             ref = batch.get("ref_logprobs")
+            ref = ref.to(device) if ref is not None else None
+            if on_policy:  # this forward pass sees the weights the rollout used
+                old = logprobs.detach()
+                stats.add(batch, logprobs, outputs.entropy, ref, settings.kl_estimator)
+            else:
+                old = batch["old_logprobs"].to(device)
             return policy_loss(
-                logprobs,
-                batch["old_logprobs"].to(device),
-                batch["advantages"].to(device),
-                batch["loss_mask"][:, 1:].to(device),
-                settings,
-                ref_logprobs=ref.to(device) if ref is not None else None,
-                entropy=outputs.entropy,
-                num_tokens=tokens,
-                num_sequences=sequences,
+                logprobs, old, batch["advantages"].to(device),
+                batch["loss_mask"][:, 1:].to(device), settings,
+                ref_logprobs=ref, entropy=outputs.entropy,
+                num_tokens=tokens, num_sequences=sequences,
             )
 
         metrics = backend.train_step(
-            micro_batches, loss_fn, with_entropy=settings.entropy_bonus > 0,
+            micro_batches, loss_fn, with_entropy=on_policy or settings.entropy_bonus > 0,
             temperature=self._train_temperature(),
         )
-        metrics.pop("entropy", None)  # the pre-update entropy of all rows is reported
-        metrics.pop("kl", None)
+        for key in ("entropy", "kl"):  # reported from _PolicyStats over all rows instead
+            metrics.pop(key, None)
         return metrics
 
     # --- periodic evaluation -----------------------------------------------------------------
