@@ -274,8 +274,11 @@ class HFRolloutEngine:
                 logits, temperature=params.temperature, top_k=params.top_k,
                 top_p=params.top_p, generator=generator,
             )
-            is_eos = torch.isin(tokens, eos).tolist()
-            token_list, logprob_list = tokens.tolist(), logprobs.tolist()
+            # one device-to-host copy per step (float64 holds token ids and float32 exactly)
+            host = torch.stack([tokens.double(), logprobs.double(),
+                                torch.isin(tokens, eos).double()]).tolist()
+            token_list = [int(t) for t in host[0]]
+            logprob_list, is_eos = host[1], host[2]
             last_step = step == params.max_new_tokens - 1
             for position, index in enumerate(active):
                 row = rows[index]
