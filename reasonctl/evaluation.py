@@ -2,7 +2,7 @@
 
 :func:`evaluate` loads a model directory (a training export or any Hugging Face model),
 generates one answer per sample with the embedded rollout engine (greedy unless the
-config sets ``rollout.temperature``), parses each answer per ``answer_format`` with the
+config sets ``eval.temperature``), parses each answer per ``answer_format`` with the
 same parsers the rewards use, and returns an :class:`EvalReport`; :func:`write_report`
 stores ``predictions.jsonl`` and ``summary.json``; :func:`accuracy_table` renders the
 overall and per-source accuracy.
@@ -198,13 +198,13 @@ def _is_llava_file(path: Path) -> bool:
 
 
 def sampling_for_eval(config: RunConfig, *, seed: int) -> SamplingParams:
-    """Greedy decoding with ``rollout.max_new_tokens``/``stop``; sampling only when the
-    config sets ``rollout.temperature`` explicitly."""
-    rollout = config.rollout
-    temperature = rollout.temperature if "temperature" in rollout.model_fields_set else 0.0
-    return SamplingParams(n=1, temperature=temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                          max_new_tokens=rollout.max_new_tokens, stop=list(rollout.stop),
-                          seed=seed)
+    """``eval.temperature`` (greedy by default) with ``rollout`` top-p/top-k/stop, and
+    ``eval.max_new_tokens`` or else ``rollout.max_new_tokens``."""
+    rollout, section = config.rollout, config.eval
+    return SamplingParams(n=1, temperature=section.temperature, top_p=rollout.top_p,
+                          top_k=rollout.top_k,
+                          max_new_tokens=section.max_new_tokens or rollout.max_new_tokens,
+                          stop=list(rollout.stop), seed=seed)
 
 
 def load_engine(model: str, config: RunConfig, registry: Registry) -> tuple[Any, Any]:

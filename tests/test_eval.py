@@ -123,7 +123,7 @@ def test_eval_cli_is_repeatable_with_a_seed(tiny_model_dir: Path, tmp_path: Path
         result = runner.invoke(_app(), [
             "eval", "--model", str(tiny_model_dir), "--data", str(data), "--answer-format",
             "letter", "--output", str(tmp_path / name), "--max-samples", "3", "--seed", "5",
-            "--set", "rollout.temperature=1.0", "--set", "rollout.max_new_tokens=5",
+            "--set", "eval.temperature=1.0", "--set", "eval.max_new_tokens=5",
         ])
         assert result.exit_code == 0, result.output
         assert "overall" in result.output and "odd" in result.output

@@ -262,8 +262,10 @@ def eval_command(
     model: Annotated[str, typer.Option("--model", help="Model directory or storage URI.")],
     data: Annotated[str, typer.Option("--data", help="Evaluation data file (jsonl, llava).")],
     answer_format: Annotated[
-        str, typer.Option("--answer-format", help="letter | reasoning | free")
-    ] = "reasoning",
+        str | None,
+        typer.Option("--answer-format",
+                     help="letter | reasoning | free (default: eval.answer_format)"),
+    ] = None,
     config: ConfigOption = None,
     set_: SetOption = None,
     output: Annotated[

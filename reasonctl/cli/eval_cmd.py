@@ -12,8 +12,10 @@ def eval_command(
     model: Annotated[str, typer.Option("--model", help="Model directory or storage URI.")],
     data: Annotated[str, typer.Option("--data", help="Evaluation data file (jsonl, llava).")],
     answer_format: Annotated[
-        str, typer.Option("--answer-format", help="letter | reasoning | free")
-    ] = "reasoning",
+        str | None,
+        typer.Option("--answer-format",
+                     help="letter | reasoning | free (default: eval.answer_format)"),
+    ] = None,
     config: Annotated[list[str] | None, typer.Option(
         "--config", "-c", help="TOML config file; repeat to deep-merge (later wins)."
     )] = None,
@@ -26,7 +28,7 @@ def eval_command(
     max_samples: Annotated[int | None, typer.Option("--max-samples", min=1)] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
 ) -> None:
-    """Generate one answer per sample (greedy unless ``rollout.temperature`` is set), parse
+    """Generate one answer per sample (greedy unless ``eval.temperature`` is set), parse
     it per ``--answer-format``, and print the accuracy table.
 
     Writes ``predictions.jsonl`` (prompt, response, parsed answer, reference, correct,

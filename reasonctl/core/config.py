@@ -173,6 +173,10 @@ class EvalSection(Section):
     every_steps: int = Field(default=0, ge=0)
     answer_format: Literal["letter", "reasoning", "free"] = "reasoning"
     max_samples: int | None = Field(default=None, gt=0)
+    temperature: float = Field(default=0.0, ge=0, description="0 = greedy decoding.")
+    max_new_tokens: int | None = Field(
+        default=None, gt=0, description="Defaults to rollout.max_new_tokens."
+    )
 
 
 class StorageSection(Section):
