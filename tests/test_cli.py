@@ -129,3 +129,27 @@ def test_third_party_plugin_is_discovered(third_party_site, tmp_path):
     assert preview.returncode == 0 and "2 samples" in preview.stdout
     version = cli("--version", env=env).stdout
     assert "reasonctl-csvqa 0.3.0" in version
+
+
+@pytest.mark.slow
+def test_third_party_components_are_used_in_a_run(third_party_site, tiny_model_dir, tmp_path):
+    data = tmp_path / "q.csv"
+    rows = [f"Say {w} twice,{w} {w}" for w in ("red", "blue", "green", "gold")] * 4
+    data.write_text("question,answer\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "run"
+    result = cli(
+        "run", "--algo", "sft", "--output-dir", str(out),
+        "--set", f"model.name_or_path='{tiny_model_dir}'",
+        "--set", "data.format='csvqa'", "--set", f"data.csvqa.path='{data}'",
+        "--set", "train.max_steps=8", "--set", "train.lr=3e-3",
+        "--set", "train.global_batch_size=4", "--set", "train.micro_batch_size=4",
+        "--set", "logging.loggers=['jsonl']", "--set", "checkpoint.export_final=false",
+        env=with_path(third_party_site), timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 8 and losses[-1] < losses[0]
+    import tomllib
+
+    saved = tomllib.loads((out / "config.toml").read_text())
+    assert saved["data"]["format"] == "csvqa" and saved["data"]["csvqa"]["path"] == str(data)
