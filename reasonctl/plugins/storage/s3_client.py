@@ -301,7 +301,7 @@ class S3Storage:
     def _upload(self, bucket: str, items: dict[str, Path], where: str) -> None:
         if not items:
             return
-        self._retry(lambda: self._ensure_bucket(bucket), f"check bucket s3://{bucket}")
+        self._call("check bucket", f"s3://{bucket}", bucket, lambda: self._ensure_bucket(bucket))
         with ThreadPoolExecutor(max_workers=self.config.max_concurrency) as pool:
             digests = dict(zip(items, pool.map(
                 lambda p: file_digest(p, self.part_size, self.threshold), items.values()
