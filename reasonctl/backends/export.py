@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from reasonctl.models.loading import ModelSource
+from reasonctl.models.loading import ModelSource, quiet_transformers
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 TOKENIZER_AND_PROCESSOR_FILES = (
@@ -89,6 +89,7 @@ def save_hf_export(
     generation_config = getattr(hf_model, "generation_config", None)
     if generation_config is not None:
         skeleton.generation_config = copy.deepcopy(generation_config)
+    quiet_transformers()
     skeleton.save_pretrained(tmp, state_dict=weights, max_shard_size=max_shard_size)
     copy_tokenizer_files(tmp, [source.model_dir, source.tokenizer_dir])
     if directory.exists():

@@ -100,9 +100,18 @@ def model_source(ctx: RunContext) -> ModelSource:
     return source
 
 
+def quiet_transformers() -> None:
+    """Turn off transformers' per-file progress bars (our own console reports progress)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def load_hf_config(model_dir: Path, *, trust_remote_code: bool = False) -> Any:
     """The model's ``PretrainedConfig`` with an error that names the directory."""
     from transformers import AutoConfig
+
+    quiet_transformers()
 
     try:
         return AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
