@@ -1,6 +1,9 @@
 """The embedded rollout engine: our own batched decode loop on a Hugging Face causal LM.
 
-How a call to :meth:`HFRolloutEngine.generate` runs:
+Text prompts on supported models go through the static-cache path with continuous
+batching and CUDA graphs (:mod:`reasonctl.rollout.fast_decode`). The dynamic path below
+serves vision prompts, other models, ``decode="dynamic"`` and :meth:`HFRolloutEngine.stream`.
+How a call runs on the dynamic path:
 
 1. Prompts are split into chunks of at most ``max_batch_size`` sequences (prompts x n).
 2. Each chunk's distinct prompts are left-padded and prefilled once, with an attention
@@ -25,11 +28,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from reasonctl.core.types import Completion, SamplingParams
+from reasonctl.rollout.fast_decode import (
+    DEFAULT_GRAPH_BATCH_SIZES,
+    StaticDecoder,
+    supports_static_decode,
+)
 from reasonctl.rollout.sampling import sample_tokens
 from reasonctl.rollout.stopping import StopMatcher
 
@@ -51,6 +59,8 @@ class RolloutStats:
     completions: int = 0
     generated_tokens: int = 0
     seconds: float = 0.0
+    decode: str = ""
+    """Which decode path ran: ``static+cuda_graphs``, ``static`` or ``dynamic``."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -91,6 +101,9 @@ class HFRolloutEngine:
         max_batch_size: int = 64,
         autocast: Callable[[], AbstractContextManager[Any]] | None = None,
         shares_policy_weights: bool = False,
+        decode: Literal["static", "dynamic"] = "static",
+        cuda_graphs: bool = True,
+        graph_batch_sizes: Sequence[int] = DEFAULT_GRAPH_BATCH_SIZES,
     ) -> None:
         if max_batch_size <= 0:
             raise ValueError(f"max_batch_size must be positive (got {max_batch_size})")
@@ -114,6 +127,13 @@ class HFRolloutEngine:
         self._cache_kwarg = "cache" if "cache" in forward else "past_key_values"
         self._accepts_logits_to_keep = "logits_to_keep" in forward
         self._accepts_mm_token_types = "mm_token_type_ids" in forward
+        self._static: StaticDecoder | None = None
+        if decode == "static" and supports_static_decode(model):
+            self._static = StaticDecoder(
+                model, pad_token_id=self.pad_token_id, eos_token_ids=self.eos_token_ids,
+                decode=self._decode, max_batch_size=max_batch_size,
+                graph_batch_sizes=graph_batch_sizes, cuda_graphs=cuda_graphs,
+            )
 
     @property
     def device(self) -> torch.device:
@@ -136,16 +156,29 @@ class HFRolloutEngine:
         generator = self._generator(params.seed)
         per_chunk = max(1, self.max_batch_size // params.n)
         results: list[list[Completion]] = []
+        static = self._static is not None and not any(
+            p.get(k) is not None for p in prompts for k in VISION_KEYS)
         with self._inference():
-            for start in range(0, len(prompts), per_chunk):
-                chunk = prompts[start : start + per_chunk]
-                results.extend(self._generate_chunk(chunk, params, generator))
+            if static:
+                assert self._static is not None
+                results = self._static.generate([p["input_ids"] for p in prompts], params,
+                                                generator)
+            else:
+                for start in range(0, len(prompts), per_chunk):
+                    chunk = prompts[start : start + per_chunk]
+                    results.extend(self._generate_chunk(chunk, params, generator))
+        if not static:
+            path = "dynamic"
+        else:
+            assert self._static is not None
+            path = "static+cuda_graphs" if self._static.uses_cuda_graphs else "static"
         tokens = sum(len(c.token_ids) for group in results for c in group)
         self.last_stats = RolloutStats(
             prompts=len(prompts),
             completions=len(prompts) * params.n,
             generated_tokens=tokens,
             seconds=time.perf_counter() - started,
+            decode=path,
         )
         return results
 

@@ -55,5 +55,8 @@ def sample_tokens(
         logprobs = torch.log_softmax(scaled, dim=-1)
         filtered = filter_logits(scaled, top_k=top_k, top_p=top_p)
         probs = torch.softmax(filtered, dim=-1)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        # argmax of p / Exp(1) noise draws from p (what multinomial does for one sample),
+        # without the validity check that makes multinomial wait for the device
+        noise = torch.empty_like(probs).exponential_(generator=generator)
+        tokens = (probs / noise).argmax(dim=-1)
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

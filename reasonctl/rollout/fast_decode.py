@@ -1,0 +1,368 @@
+"""Decoding on a static slot cache with continuous batching and few host synchronisations.
+
+How :meth:`StaticDecoder.generate` runs:
+
+1. Every sequence (prompt x sample) waits for a slot of the :class:`SlotKVCache`; there
+   are at most ``max_batch_size`` slots. Prompts entering slots are prefilled together,
+   left-padded, each distinct prompt once even when it fills ``n`` slots.
+2. A decode step samples one token for every slot of the current batch-size bucket from
+   the logits the previous forward pass left in a static buffer
+   (:mod:`reasonctl.rollout.sampling`), records it in a device-side window, marks rows
+   that produced an end-of-sequence token or reached ``max_new_tokens`` as finished, and
+   runs the model on the new tokens (a CUDA graph per bucket on CUDA,
+   :mod:`reasonctl.rollout.cuda_graphs`; eager elsewhere). Nothing is copied to the host.
+3. Every ``SYNC_EVERY`` steps (sooner when a row must have hit its length by then) the
+   window is copied to the host in one transfer. Rows take their tokens; stop strings are
+   checked there (:mod:`reasonctl.rollout.stopping`) and completions cut exactly as in
+   the dynamic engine. Finished rows free their slots, which waiting sequences refill;
+   when none wait, live rows are compacted into the lowest slots so that a smaller bucket
+   runs.
+
+Sampling, log-probs and stop-string semantics are those of
+:class:`reasonctl.rollout.hf_engine.HFRolloutEngine`'s dynamic path.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from reasonctl.core.types import Completion, SamplingParams
+from reasonctl.rollout.cuda_graphs import DecodeGraphs
+from reasonctl.rollout.sampling import sample_tokens
+from reasonctl.rollout.slot_cache import SlotKVCache
+from reasonctl.rollout.stopping import Decode, StopMatcher
+
+SYNC_EVERY = 16
+LENGTH_ALIGN = 64  # cache lengths are rounded up to this, so nearby requests reuse it
+DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def supports_static_decode(model: Any) -> bool:
+    """True for text decoders the static path can drive: SDPA attention on every layer,
+    no sliding windows and no vision tower (those use the dynamic path)."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "vision_config", None) is not None:
+        return False
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return False
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    return all(kind == "full_attention" for kind in layer_types)
+
+
+@dataclass
+class _Sequence:
+    """One completion being generated."""
+
+    prompt_index: int
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str | None = None
+    text: str | None = None
+
+
+class _Buffers:
+    """Device tensors the decode step reads and writes, allocated with the cache."""
+
+    def __init__(self, slots: int, max_len: int, vocab: int, device: torch.device) -> None:
+        self.input_ids = torch.zeros(slots, dtype=torch.long, device=device)
+        self.positions = torch.zeros(slots, dtype=torch.long, device=device)
+        self.logits = torch.zeros(slots, vocab, dtype=torch.float32, device=device)
+        self.done = torch.ones(slots, dtype=torch.bool, device=device)
+        self.generated = torch.zeros(slots, dtype=torch.long, device=device)
+        self.window_tokens = torch.zeros(slots, SYNC_EVERY, dtype=torch.long, device=device)
+        self.window_logprobs = torch.zeros(slots, SYNC_EVERY, dtype=torch.float32,
+                                           device=device)
+        self.window_valid = torch.zeros(slots, SYNC_EVERY, dtype=torch.bool, device=device)
+        self.key_index = torch.arange(max_len, device=device)
+
+    def move_slots(self, sources: torch.Tensor, targets: torch.Tensor) -> None:
+        """Copy per-slot state from ``sources`` to ``targets``."""
+        for tensor in (self.positions, self.logits, self.done, self.generated):
+            tensor.index_copy_(0, targets, tensor.index_select(0, sources))
+
+
+class StaticDecoder:
+    """Generates text completions with a static KV cache reused across calls.
+
+    ``model`` is a ``transformers`` causal LM accepted by :func:`supports_static_decode`.
+    ``graph_batch_sizes`` are the batch-size buckets decode steps run at (the slot count is
+    always one); with ``cuda_graphs`` and a CUDA model each bucket's forward pass is a
+    captured CUDA graph. The cache and buffers grow when a call needs more slots or a
+    longer sequence, and are otherwise kept.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        pad_token_id: int,
+        eos_token_ids: Sequence[int],
+        decode: Decode,
+        max_batch_size: int,
+        graph_batch_sizes: Sequence[int] = DEFAULT_GRAPH_BATCH_SIZES,
+        cuda_graphs: bool = True,
+    ) -> None:
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.eos_token_ids = sorted(eos_token_ids)
+        self.decode = decode
+        self.max_batch_size = max_batch_size
+        self.graph_batch_sizes = sorted({b for b in graph_batch_sizes if b > 0})
+        self.cuda_graphs = cuda_graphs
+        self.cache: SlotKVCache | None = None
+        self.buffers: _Buffers | None = None
+        self.graphs: DecodeGraphs | None = None
+        forward = inspect.signature(type(model).forward).parameters
+        self._cache_kwarg = "cache" if "cache" in forward else "past_key_values"
+        self._accepts_logits_to_keep = "logits_to_keep" in forward
+
+    @property
+    def uses_cuda_graphs(self) -> bool:
+        """True when decode steps replay CUDA graphs (CUDA model and ``cuda_graphs``)."""
+        return self.cuda_graphs and self._device.type == "cuda"
+
+    @property
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 generator: torch.Generator) -> list[list[Completion]]:
+        """``params.n`` completions per prompt (token-id lists). Runs under the caller's
+        inference context (no grad, eval mode, autocast)."""
+        if min(len(p) for p in prompts) == 0:
+            raise ValueError("every prompt needs at least one input id")
+        sequences = [_Sequence(i) for i in range(len(prompts)) for _ in range(params.n)]
+        slots = min(self.max_batch_size, len(sequences))
+        needed = max(len(p) for p in prompts) + params.max_new_tokens
+        self._ensure_capacity(slots, -(-needed // LENGTH_ALIGN) * LENGTH_ALIGN)
+        run = _Run(self, prompts, params, sequences, slots, generator)
+        run.execute()
+        groups: list[list[Completion]] = [[] for _ in prompts]
+        for seq in sequences:
+            text = seq.text if seq.text is not None else self.decode(seq.ids)
+            finish = "length" if seq.finish == "length" else "stop"
+            groups[seq.prompt_index].append(Completion(text, seq.ids, seq.logprobs, finish))
+        return groups
+
+    def bucket(self, rows: int, slots: int) -> int:
+        """The smallest batch-size bucket holding ``rows`` of ``slots`` slots."""
+        return min([b for b in self.graph_batch_sizes if rows <= b < slots] + [slots])
+
+    # --- model calls -----------------------------------------------------------------------
+
+    def forward_decode(self, batch: int) -> None:
+        """One decode forward pass of the first ``batch`` slots: the tokens in
+        ``input_ids`` at ``positions``, next-token logits into ``logits``."""
+        assert self.cache is not None and self.buffers is not None
+        buffers = self.buffers
+        positions = buffers.positions[:batch]
+        self.cache.prepare_decode(positions)
+        allowed = (buffers.key_index.view(1, -1) <= positions.view(-1, 1)).view(batch, 1, 1, -1)
+        logits = self.call_model(buffers.input_ids[:batch].view(batch, 1),
+                                 positions.view(batch, 1), allowed)
+        buffers.logits[:batch].copy_(logits)
+
+    def call_model(self, ids: torch.Tensor, positions: torch.Tensor,
+                   allowed: torch.Tensor) -> torch.Tensor:
+        """Run the model with explicit positions and a boolean ``[B, 1, q, k]`` mask;
+        return the last position's logits ``[B, V]``."""
+        kwargs: dict[str, Any] = {
+            "input_ids": ids, "position_ids": positions, "use_cache": True,
+            "attention_mask": {"full_attention": allowed}, self._cache_kwarg: self.cache,
+        }
+        if self._accepts_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        return self.model(**kwargs).logits[:, -1, :]
+
+    def _ensure_capacity(self, slots: int, max_len: int) -> None:
+        embed = self.model.get_input_embeddings().weight
+        dtype, device = embed.dtype, embed.device
+        if self.cache is not None and self.cache.fits(slots, max_len, dtype):
+            return
+        if self.cache is not None:  # grow to cover both the old and the new request
+            slots, max_len = max(slots, self.cache.slots), max(max_len, self.cache.max_len)
+        self.cache = self.graphs = self.buffers = None  # free before allocating anew
+        config = self.model.config
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        self.cache = SlotKVCache(
+            layers=config.num_hidden_layers, slots=slots,
+            kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            max_len=max_len, head_dim=head_dim, dtype=dtype, device=device,
+        )
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        self.buffers = _Buffers(slots, max_len, vocab, device)
+        if self.uses_cuda_graphs:
+            self.graphs = DecodeGraphs(self.forward_decode)
+
+
+class _Run:
+    """The state of one :meth:`StaticDecoder.generate` call."""
+
+    def __init__(self, decoder: StaticDecoder, prompts: Sequence[Sequence[int]],
+                 params: SamplingParams, sequences: list[_Sequence], slots: int,
+                 generator: torch.Generator) -> None:
+        assert decoder.cache is not None and decoder.buffers is not None
+        self.decoder = decoder
+        self.cache = decoder.cache
+        self.buffers = decoder.buffers
+        self.prompts = prompts
+        self.params = params
+        self.sequences = sequences
+        self.slots = slots
+        self.generator = generator
+        self.device = self.buffers.logits.device
+        self.eos = torch.tensor(decoder.eos_token_ids, device=self.device)
+        self.eos_set = set(decoder.eos_token_ids)
+        self.stops = StopMatcher(params.stop, decoder.decode)
+        self.pending = deque(range(len(sequences)))
+        self.occupant: list[int | None] = [None] * slots
+
+    def execute(self) -> None:
+        """Decode until every sequence has finished."""
+        self._refill(list(range(self.slots)))
+        while True:
+            live = [s for s, seq in enumerate(self.occupant) if seq is not None]
+            if not live:
+                return
+            batch = self.decoder.bucket(max(live) + 1, self.slots)
+            remaining = [self.params.max_new_tokens - len(self._seq(s).ids) for s in live]
+            steps = min(SYNC_EVERY, min(remaining))
+            last_everywhere = steps == max(remaining) and not self.pending
+            for col in range(steps):
+                self._sample(batch, col)
+                if not (last_everywhere and col == steps - 1):
+                    self._forward(batch)
+            freed = self._collect(batch, steps)
+            if self.pending and freed:
+                self._refill(freed)
+            elif not self.pending:
+                self._compact()
+
+    def _seq(self, slot: int) -> _Sequence:
+        index = self.occupant[slot]
+        assert index is not None
+        return self.sequences[index]
+
+    def _sample(self, batch: int, col: int) -> None:
+        b = self.buffers
+        params = self.params
+        tokens, logprobs = sample_tokens(
+            b.logits[:batch], temperature=params.temperature, top_k=params.top_k,
+            top_p=params.top_p, generator=self.generator,
+        )
+        live = ~b.done[:batch]
+        b.window_tokens[:batch, col] = tokens
+        b.window_logprobs[:batch, col] = logprobs
+        b.window_valid[:batch, col] = live
+        b.generated[:batch] += live
+        b.done[:batch] |= torch.isin(tokens, self.eos) | (
+            b.generated[:batch] >= params.max_new_tokens)
+        b.input_ids[:batch] = tokens
+
+    def _forward(self, batch: int) -> None:
+        if self.decoder.graphs is not None:
+            self.decoder.graphs.run(batch)
+        else:
+            self.decoder.forward_decode(batch)
+        self.buffers.positions[:batch].add_(1).clamp_(max=self.cache.max_len - 1)
+
+    def _collect(self, batch: int, steps: int) -> list[int]:
+        """Hand the window's tokens to their rows (one device-to-host copy); return the
+        slots whose rows finished."""
+        b = self.buffers
+        # float64 holds token ids and float32 log-probs exactly
+        host = torch.stack([b.window_tokens[:batch, :steps].double(),
+                            b.window_logprobs[:batch, :steps].double(),
+                            b.window_valid[:batch, :steps].double()]).tolist()
+        freed = []
+        for slot in range(batch):
+            if self.occupant[slot] is None:
+                continue
+            seq = self._seq(slot)
+            for col in range(steps):
+                if not host[2][slot][col]:
+                    break
+                self._append(seq, int(host[0][slot][col]), host[1][slot][col])
+                if seq.finish is not None:
+                    break
+            if seq.finish is not None:
+                self.occupant[slot] = None
+                freed.append(slot)
+        return freed
+
+    def _append(self, seq: _Sequence, token: int, logprob: float) -> None:
+        seq.ids.append(token)
+        seq.logprobs.append(logprob)
+        if token in self.eos_set:
+            seq.finish = "stop"
+        elif self.stops and self.stops.hit(seq.ids):
+            keep, seq.text = self.stops.cut(seq.ids)
+            del seq.ids[keep:], seq.logprobs[keep:]
+            seq.finish = "stop"
+        elif len(seq.ids) >= self.params.max_new_tokens:
+            seq.finish = "length"
+
+    def _refill(self, free: list[int]) -> None:
+        """Prefill waiting sequences into the ``free`` slots."""
+        slots, entering = [], []
+        for slot in free:
+            if not self.pending:
+                break
+            index = self.pending.popleft()
+            self.occupant[slot] = index
+            slots.append(slot)
+            entering.append(self.sequences[index].prompt_index)
+        if slots:
+            self._prefill(slots, entering)
+
+    def _prefill(self, slots: list[int], prompt_indices: list[int]) -> None:
+        distinct = list(dict.fromkeys(prompt_indices))
+        prompts = [self.prompts[i] for i in distinct]
+        lengths = torch.tensor([len(p) for p in prompts])
+        width = int(lengths.max())
+        ids = torch.full((len(prompts), width), self.decoder.pad_token_id, dtype=torch.long)
+        real = torch.zeros((len(prompts), width), dtype=torch.bool)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.as_tensor(list(prompt))
+            real[row, width - len(prompt) :] = True
+        ids, real = ids.to(self.device), real.to(self.device)
+        positions = (real.long().cumsum(-1) - 1).clamp(min=0)
+        # padding is stored past any position a row reads before overwriting it
+        store_at = torch.where(real, positions, self.cache.max_len - 1)
+        causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
+        diagonal = torch.eye(width, dtype=torch.bool, device=self.device)
+        allowed = ((causal & real.view(-1, 1, width)) | diagonal).unsqueeze(1)
+        source_rows = torch.tensor([distinct.index(i) for i in prompt_indices],
+                                   device=self.device)
+        slot_index = torch.tensor(slots, device=self.device)
+        self.cache.prepare_prefill(slot_index, source_rows, store_at)
+        logits = self.decoder.call_model(ids, positions, allowed)
+        b = self.buffers
+        b.logits.index_copy_(0, slot_index, logits.index_select(0, source_rows).float())
+        b.positions.index_copy_(0, slot_index, lengths.to(self.device).index_select(0, source_rows))
+        b.done[slot_index] = False
+        b.generated[slot_index] = 0
+
+    def _compact(self) -> None:
+        """Move live rows into the lowest slots when that lets a smaller bucket run."""
+        live = [s for s, seq in enumerate(self.occupant) if seq is not None]
+        if not live:
+            return
+        top = max(live) + 1
+        if self.decoder.bucket(len(live), self.slots) >= self.decoder.bucket(top, self.slots):
+            return
+        sources = [s for s in live if s >= len(live)]
+        targets = [s for s in range(len(live)) if self.occupant[s] is None]
+        src = torch.tensor(sources, device=self.device)
+        dst = torch.tensor(targets, device=self.device)
+        self.cache.move_slots(src, dst)
+        self.buffers.move_slots(src, dst)
+        for source, target in zip(sources, targets, strict=True):
+            self.occupant[target], self.occupant[source] = self.occupant[source], None

@@ -1,0 +1,103 @@
+"""A KV cache of fixed-size slots that a Hugging Face decoder writes into in place.
+
+Each slot holds one sequence: per layer, keys and values are static tensors
+``[slots, kv_heads, max_len, head_dim]`` allocated once, so their storage never moves
+(a requirement of CUDA graph replay). Every slot keeps its own length: a prompt is written
+at positions ``0 .. len - 1`` of its slot and each decoded token at the slot's next
+position, so slots can be refilled independently (continuous batching).
+
+The model calls :meth:`SlotKVCache.update` from every attention layer, as it would on a
+``transformers`` ``Cache``; before each forward pass the caller says where the new keys go
+with :meth:`SlotKVCache.prepare_prefill` or :meth:`SlotKVCache.prepare_decode`. Extra
+arguments ``update`` receives from the model (``cache_position``, rope ``sin``/``cos``,
+whose name and form differ between ``transformers`` versions) are not needed and ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class SlotKVCache:
+    """Static keys and values for ``slots`` sequences of up to ``max_len`` tokens."""
+
+    def __init__(self, *, layers: int, slots: int, kv_heads: int, max_len: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (slots, kv_heads, max_len, head_dim)
+        # zeros, not empty: masked positions are multiplied by zero attention weights,
+        # and 0 * NaN from uninitialised memory would poison the output
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.slots = slots
+        self.max_len = max_len
+        self.dtype = dtype
+        self._decode_index: torch.Tensor | None = None
+        self._prefill: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def fits(self, slots: int, max_len: int, dtype: torch.dtype) -> bool:
+        """True when this cache can hold ``slots`` sequences of ``max_len`` tokens."""
+        return slots <= self.slots and max_len <= self.max_len and dtype == self.dtype
+
+    def prepare_prefill(self, slots: torch.Tensor, source_rows: torch.Tensor,
+                        positions: torch.Tensor) -> None:
+        """The next forward pass prefills prompts into ``slots``.
+
+        Row ``source_rows[i]`` of the forward's batch goes into slot ``slots[i]`` (a
+        prompt sampled ``n`` times fills ``n`` slots); ``positions`` (``[rows, tokens]``)
+        is where each token of a row is stored. The layers attend only to the prompt's
+        own keys, so the slots' earlier contents are replaced.
+        """
+        self._prefill = (slots, source_rows, positions)
+
+    def prepare_decode(self, positions: torch.Tensor) -> None:
+        """The next forward passes decode one token for each of the first ``len(positions)``
+        slots, storing it at ``positions[slot]``, and attend to the whole slot.
+
+        ``positions`` may be a static buffer that changes between CUDA graph replays: the
+        write index is derived from it inside the forward pass.
+        """
+        self._prefill = None
+        batch = positions.shape[0]
+        _, heads, _, dim = self.keys[0].shape
+        self._decode_index = positions.view(batch, 1, 1, 1).expand(batch, heads, 1, dim)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this layer's new keys/values; return those the layer attends to."""
+        if self._prefill is not None:
+            self._store_prefill(key_states, value_states, layer_idx)
+            return key_states, value_states
+        if self._decode_index is None:
+            raise RuntimeError("SlotKVCache: call prepare_decode or prepare_prefill first")
+        batch = self._decode_index.shape[0]
+        keys, values = self.keys[layer_idx][:batch], self.values[layer_idx][:batch]
+        keys.scatter_(2, self._decode_index, key_states.to(self.dtype))
+        values.scatter_(2, self._decode_index, value_states.to(self.dtype))
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Always 0: slots have lengths of their own, so positions are always passed."""
+        return 0
+
+    def move_slots(self, sources: torch.Tensor, targets: torch.Tensor) -> None:
+        """Copy the contents of slots ``sources`` into slots ``targets`` (for compaction)."""
+        for tensors in (self.keys, self.values):
+            for tensor in tensors:
+                tensor.index_copy_(0, targets, tensor.index_select(0, sources))
+
+    def _store_prefill(self, key_states: torch.Tensor, value_states: torch.Tensor,
+                       layer_idx: int) -> None:
+        assert self._prefill is not None
+        slots, source_rows, positions = self._prefill
+        rows, heads, tokens, dim = (len(source_rows), key_states.shape[1],
+                                    key_states.shape[2], key_states.shape[3])
+        index = positions.index_select(0, source_rows).view(rows, 1, tokens, 1).expand(
+            rows, heads, tokens, dim)
+        for cache, new in ((self.keys[layer_idx], key_states),
+                           (self.values[layer_idx], value_states)):
+            filled = torch.zeros((rows, *cache.shape[1:]), dtype=cache.dtype,
+                                 device=cache.device)
+            filled.scatter_(2, index, new.index_select(0, source_rows).to(cache.dtype))
+            cache.index_copy_(0, slots, filled)
