@@ -2,6 +2,8 @@
 
 ``sampling`` picks the next token from logits (temperature, top-k, top-p) and reports its
 log-probability; ``stopping`` finds stop strings in generated text; ``hf_engine`` runs the
-decode loop on a Hugging Face causal LM. Import the submodules directly: this package does
-not import torch on its own.
+decode loop on a Hugging Face causal LM. Its fast path: ``slot_cache`` (a static KV cache of
+per-sequence slots), ``fast_decode`` (prefill, decode steps and continuous batching on it),
+``cuda_graphs`` (the decode step captured per batch size) and ``buckets`` (those batch
+sizes). Import the submodules directly: this package does not import torch on its own.
 """

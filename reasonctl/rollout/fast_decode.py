@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from reasonctl.core.types import Completion, SamplingParams
+from reasonctl.rollout.buckets import DEFAULT_GRAPH_BATCH_SIZES, pick_bucket
 from reasonctl.rollout.cuda_graphs import DecodeGraphs
 from reasonctl.rollout.sampling import sample_tokens
 from reasonctl.rollout.slot_cache import SlotKVCache
@@ -40,7 +41,6 @@ from reasonctl.rollout.stopping import Decode, StopMatcher
 
 SYNC_EVERY = 16
 LENGTH_ALIGN = 64  # cache lengths are rounded up to this, so nearby requests reuse it
-DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def supports_static_decode(model: Any) -> bool:
@@ -152,7 +152,7 @@ class StaticDecoder:
 
     def bucket(self, rows: int, slots: int) -> int:
         """The smallest batch-size bucket holding ``rows`` of ``slots`` slots."""
-        return min([b for b in self.graph_batch_sizes if rows <= b < slots] + [slots])
+        return pick_bucket(rows, slots, self.graph_batch_sizes)
 
     # --- model calls -----------------------------------------------------------------------
 

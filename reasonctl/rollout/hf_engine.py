@@ -33,11 +33,8 @@ from typing import Any, Literal
 import torch
 
 from reasonctl.core.types import Completion, SamplingParams
-from reasonctl.rollout.fast_decode import (
-    DEFAULT_GRAPH_BATCH_SIZES,
-    StaticDecoder,
-    supports_static_decode,
-)
+from reasonctl.rollout.buckets import DEFAULT_GRAPH_BATCH_SIZES
+from reasonctl.rollout.fast_decode import StaticDecoder, supports_static_decode
 from reasonctl.rollout.sampling import sample_tokens
 from reasonctl.rollout.stopping import StopMatcher
 

@@ -7,11 +7,12 @@ run's backend, whether the engine shares the policy module or keeps its own copy
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from reasonctl.core.plugins import hookimpl
+from reasonctl.rollout.buckets import DEFAULT_GRAPH_BATCH_SIZES
 
 if TYPE_CHECKING:
     from reasonctl.core.context import RunContext
@@ -25,6 +26,22 @@ class HFRolloutConfig(BaseModel):
 
     max_batch_size: int = Field(
         default=64, gt=0, description="Sequences (prompts x n) decoded together at most."
+    )
+    decode: Literal["static", "dynamic"] = Field(
+        default="static",
+        description="static: a KV cache allocated once, continuous batching, few host "
+        "synchronisations (text prompts on SDPA text decoders). dynamic: the per-token loop "
+        "over transformers' dynamic cache (always used for vision prompts).",
+    )
+    cuda_graphs: bool = Field(
+        default=True,
+        description="With decode = 'static' on CUDA, replay the decode step as a CUDA graph "
+        "per batch-size bucket. No effect on other devices.",
+    )
+    graph_batch_sizes: list[int] = Field(
+        default_factory=lambda: list(DEFAULT_GRAPH_BATCH_SIZES),
+        description="Batch-size buckets the static decode step runs at (live rows are "
+        "padded up to the next one); max_batch_size is always one.",
     )
     share_weights: bool = Field(
         default=True,
@@ -54,17 +71,21 @@ def build_hf_engine(config: HFRolloutConfig | None, *, ctx: RunContext) -> Any:
     tokenizer = AutoTokenizer.from_pretrained(
         source.tokenizer_dir, trust_remote_code=ctx.config.model.trust_remote_code
     )
+    decode_options: dict[str, Any] = {
+        "max_batch_size": config.max_batch_size, "decode": config.decode,
+        "cuda_graphs": config.cuda_graphs, "graph_batch_sizes": config.graph_batch_sizes,
+    }
     shared = getattr(backend, "hf_model", None)
     if config.share_weights and backend.world_size == 1 and shared is not None:
         return HFRolloutEngine(
-            shared, tokenizer, max_batch_size=config.max_batch_size,
-            autocast=getattr(backend, "autocast", None), shares_policy_weights=True,
+            shared, tokenizer, autocast=getattr(backend, "autocast", None),
+            shares_policy_weights=True, **decode_options,
         )
     dtype = compute_dtype(ctx.config.model.dtype, backend.device)
     model = load_pretrained(source.model_dir, ctx.config.model, param_dtype=dtype,
                             device=backend.device)
     model.requires_grad_(False)
-    return HFRolloutEngine(model, tokenizer, max_batch_size=config.max_batch_size)
+    return HFRolloutEngine(model, tokenizer, **decode_options)
 
 
 @hookimpl
