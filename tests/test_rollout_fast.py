@@ -1,0 +1,215 @@
+"""The static-cache decode path of the embedded engine on a tiny random Qwen2 model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from reasonctl.core.types import SamplingParams
+from reasonctl.rollout.buckets import pick_bucket
+from reasonctl.rollout.hf_engine import HFRolloutEngine
+
+QUESTIONS = ["hi", "what is 2+2? answer please", "tell me a story about a dragon and a knight",
+             "why is the sky blue?"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model with large random weights, so greedy outputs vary from token to token."""
+    from reasonctl.testing import make_tiny_model_dir
+
+    return make_tiny_model_dir(tmp_path_factory.mktemp("fast-model"), seed=3,
+                               initializer_range=0.3)
+
+
+@pytest.fixture(scope="module")
+def model(model_dir: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer: Any) -> list[list[int]]:
+    out = []
+    for question in QUESTIONS:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True
+        )
+        out.append(list(ids if isinstance(ids, list) else ids["input_ids"]))
+    return out
+
+
+def _inputs(prompts: list[list[int]]) -> list[dict[str, Any]]:
+    return [{"input_ids": p} for p in prompts]
+
+
+def _ids(groups: list[list[Any]]) -> list[list[list[int]]]:
+    return [[c.token_ids for c in group] for group in groups]
+
+
+def test_greedy_equals_transformers_generate(model: Any, tokenizer: Any,
+                                             prompts: list[list[int]]) -> None:
+    engine = HFRolloutEngine(model, tokenizer)
+    groups = engine.generate(_inputs(prompts), SamplingParams(temperature=0.0,
+                                                              max_new_tokens=24))
+    assert engine.last_stats.decode == "static"
+    assert len({len(p) for p in prompts}) == len(prompts)  # every row padded differently
+    for prompt, group in zip(prompts, groups, strict=True):
+        reference = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)
+        assert group[0].token_ids == reference[0, len(prompt) :].tolist()
+        assert group[0].finish_reason == "length"
+    assert len(set(groups[1][0].token_ids)) > 3  # not trivially one repeated token
+
+
+def test_sampled_logprobs_match_the_trainer_recomputation(model: Any, tokenizer: Any,
+                                                          prompts: list[list[int]]) -> None:
+    from reasonctl.backends.token_logprobs import TokenLogprobModel
+    from reasonctl.data.processing import EncodedSample, collate
+
+    engine = HFRolloutEngine(model, tokenizer, max_batch_size=5)  # slots are refilled
+    params = SamplingParams(n=2, temperature=0.7, top_p=0.9, top_k=50, max_new_tokens=20,
+                            seed=1)
+    groups = engine.generate(_inputs(prompts), params)
+    encoded, spans, engine_logprobs = [], [], []
+    for prompt, group in zip(prompts, groups, strict=True):
+        for completion in group:
+            count = len(completion.token_ids)
+            encoded.append(EncodedSample(prompt + completion.token_ids,
+                                         [0] * len(prompt) + [1] * count))
+            spans.append(slice(len(prompt) - 1, len(prompt) - 1 + count))
+            engine_logprobs.append(torch.tensor(completion.logprobs))
+    with torch.no_grad():
+        trainer, _ = TokenLogprobModel(model)(collate(encoded, tokenizer.pad_token_id),
+                                              temperature=0.7)
+    gap = max(float((trainer[i, span] - lps).abs().max())
+              for i, (span, lps) in enumerate(zip(spans, engine_logprobs, strict=True)))
+    assert gap < 1e-3
+    assert all(lp < 0 for lps in engine_logprobs for lp in lps.tolist())
+
+
+def test_seeded_sampling_repeats_and_n_samples_differ(model: Any, tokenizer: Any,
+                                                      prompts: list[list[int]]) -> None:
+    engine = HFRolloutEngine(model, tokenizer, max_batch_size=4)
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=12, seed=7)
+    first = engine.generate(_inputs(prompts), params)
+    again = engine.generate(_inputs(prompts), params)
+    assert [len(g) for g in first] == [3] * len(prompts)
+    assert _ids(first) == _ids(again)
+    assert len({tuple(c.token_ids) for c in first[0]}) == 3
+    other = engine.generate(_inputs(prompts), SamplingParams(n=3, temperature=1.0,
+                                                             max_new_tokens=12, seed=8))
+    assert _ids(other) != _ids(first)
+    assert engine.last_stats.completions == 12 and engine.last_stats.generated_tokens == 144
+
+
+def test_continuous_batching_gives_the_outputs_of_one_big_batch(
+    model: Any, tokenizer: Any, prompts: list[list[int]]
+) -> None:
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=20)
+    wide = HFRolloutEngine(model, tokenizer).generate(_inputs(prompts), params)
+    eos = wide[1][0].token_ids[4]  # rows end at different steps, so slots free up mid-run
+    big = HFRolloutEngine(model, tokenizer, eos_token_ids=[eos]).generate(
+        _inputs(prompts), params)
+    lengths = {len(c.token_ids) for g in big for c in g}
+    assert len(lengths) > 1 and any(c.finish_reason == "stop" for g in big for c in g)
+    for slots in (1, 3):
+        narrow = HFRolloutEngine(model, tokenizer, eos_token_ids=[eos], max_batch_size=slots)
+        assert _ids(narrow.generate(_inputs(prompts), params)) == _ids(big)
+    dynamic = HFRolloutEngine(model, tokenizer, eos_token_ids=[eos], decode="dynamic")
+    assert _ids(dynamic.generate(_inputs(prompts), params)) == _ids(big)
+    assert dynamic.last_stats.decode == "dynamic"
+
+
+def test_live_rows_move_to_a_smaller_bucket(model: Any, tokenizer: Any,
+                                            prompts: list[list[int]],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from reasonctl.rollout.slot_cache import SlotKVCache
+
+    params = SamplingParams(temperature=0.0, max_new_tokens=40)
+    reference = HFRolloutEngine(model, tokenizer, decode="dynamic")
+    eos = reference.generate(_inputs(prompts[:1]), params)[0][0].token_ids[2]
+    expected = HFRolloutEngine(model, tokenizer, eos_token_ids=[eos], decode="dynamic")
+    engine = HFRolloutEngine(model, tokenizer, eos_token_ids=[eos], graph_batch_sizes=[1, 2])
+    moves: list[int] = []
+    original = SlotKVCache.move_slots
+
+    def recording(self: SlotKVCache, sources: torch.Tensor, targets: torch.Tensor) -> None:
+        moves.append(len(sources))
+        original(self, sources, targets)
+
+    monkeypatch.setattr(SlotKVCache, "move_slots", recording)
+    got = engine.generate(_inputs(prompts), params)
+    assert moves, "finished rows should let the live ones move to a smaller bucket"
+    assert _ids(got) == _ids(expected.generate(_inputs(prompts), params))
+
+
+def test_stop_strings_cut_as_on_the_dynamic_path(model: Any, tokenizer: Any,
+                                                 prompts: list[list[int]]) -> None:
+    engine = HFRolloutEngine(model, tokenizer)
+    free = engine.generate(_inputs(prompts[1:2]),
+                           SamplingParams(temperature=0.0, max_new_tokens=24))[0][0]
+    stop = free.text[5:7]
+    assert len(stop) == 2 and stop not in free.text[:6]
+    params = SamplingParams(temperature=0.0, max_new_tokens=24, stop=[stop])
+    cut = engine.generate(_inputs(prompts), params)
+    dynamic = HFRolloutEngine(model, tokenizer, decode="dynamic").generate(
+        _inputs(prompts), params)
+    assert [(c.text, c.token_ids, c.finish_reason) for g in cut for c in g] == [
+        (c.text, c.token_ids, c.finish_reason) for g in dynamic for c in g]
+    assert cut[1][0].text == free.text[: free.text.index(stop) + len(stop)]
+    assert cut[1][0].finish_reason == "stop"
+    assert len(cut[1][0].token_ids) == len(cut[1][0].logprobs) < len(free.token_ids)
+
+
+def test_cache_is_reused_and_grows_and_weights_update_in_place(
+    model_dir: Path, tokenizer: Any, prompts: list[list[int]]
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from reasonctl.testing import make_tiny_model_dir
+
+    target = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    source = AutoModelForCausalLM.from_pretrained(
+        make_tiny_model_dir(model_dir.parent / "other-fast", seed=11, initializer_range=0.3)
+    ).eval()
+    engine = HFRolloutEngine(target, tokenizer)
+    assert engine._static is not None
+    params = SamplingParams(temperature=0.0, max_new_tokens=12)
+    before = engine.generate(_inputs(prompts), params)
+    cache = engine._static.cache
+    assert cache is not None
+    storage = cache.keys[0].data_ptr()
+    engine.update_weights(source.state_dict().items())
+    after = engine.generate(_inputs(prompts), params)
+    assert engine._static.cache is cache and cache.keys[0].data_ptr() == storage
+    expected = HFRolloutEngine(source, tokenizer, decode="dynamic").generate(
+        _inputs(prompts), params)
+    assert _ids(after) == _ids(expected) != _ids(before)
+    engine.generate(_inputs(prompts), SamplingParams(n=3, temperature=0.0,
+                                                     max_new_tokens=100))
+    grown = engine._static.cache
+    assert grown is not None and grown.slots == 12 and grown.max_len >= 100 + len(prompts[2])
+
+
+def test_vision_free_models_only_and_dynamic_on_request(model: Any, tokenizer: Any) -> None:
+    assert HFRolloutEngine(model, tokenizer)._static is not None
+    assert HFRolloutEngine(model, tokenizer, decode="dynamic")._static is None
+
+
+def test_buckets_pick_the_smallest_that_fits() -> None:
+    sizes = [1, 2, 4, 8]
+    assert pick_bucket(3, 16, sizes) == 4
+    assert pick_bucket(9, 16, sizes) == 16
+    assert pick_bucket(5, 6, sizes) == 6  # never above the slot count
+    assert pick_bucket(1, 1, sizes) == 1
