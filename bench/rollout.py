@@ -14,7 +14,11 @@ Also reported:
 - the sampled log-prob gap: the engine's log-prob of each sampled token against the
   trainer's recomputation (``backend.token_outputs``), the ``rollout/logprob_gap`` of GRPO.
 
-    python -m bench.rollout
+    python -m bench.rollout                    # static KV cache + CUDA graphs (default)
+    python -m bench.rollout --decode dynamic   # the per-token dynamic-cache loop
+
+The summary's ``reasonctl.decode`` says which path ran (``static+cuda_graphs``,
+``static`` or ``dynamic``).
 
 The last line printed is a JSON summary.
 """
@@ -50,19 +54,21 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--parity-tokens", type=int, default=64)
     parser.add_argument("--gap-rows", type=int, default=16,
                         help="Sampled completions whose log-probs are recomputed.")
+    parser.add_argument("--decode", default="static", choices=["static", "dynamic"],
+                        help="The hf engine's decode path ([rollout.hf] decode).")
+    parser.add_argument("--no-cuda-graphs", action="store_true",
+                        help="Run the static decode step eagerly ([rollout.hf] cuda_graphs).")
     parser.add_argument("--skip-generate", action="store_true",
                         help="Skip the sampled transformers baseline (slow).")
     parser.add_argument("--out", default="/tmp/reasonctl-bench")
     return parser.parse_args()
 
 
-def engine_config(ctx_values: dict[str, Any], max_batch_size: int) -> dict[str, Any]:
+def engine_config(ctx_values: dict[str, Any], max_batch_size: int,
+                  args: argparse.Namespace) -> dict[str, Any]:
     """``[rollout]`` values for the ``hf`` engine with room for every sequence at once."""
-    from reasonctl.plugins.rollout.hf import HFRolloutConfig
-
-    engine: dict[str, Any] = {}
-    if "max_batch_size" in HFRolloutConfig.model_fields:
-        engine["max_batch_size"] = max_batch_size
+    engine = {"max_batch_size": max_batch_size, "decode": args.decode,
+              "cuda_graphs": not args.no_cuda_graphs}
     return {**ctx_values, "hf": engine}
 
 
@@ -153,7 +159,7 @@ def main() -> None:
     backend, ctx = reasonctl_backend(model_dir, out / "run" / "rollout", values={
         "model": {"max_length": args.prompt_len + args.new_tokens},
         "backend": {"single": {"param_dtype": "compute"}},
-        "rollout": engine_config({"engine": "hf"}, args.prompts),
+        "rollout": engine_config({"engine": "hf"}, args.prompts, args),
     })
     engine = ctx.build_rollout_engine()
     eos = int(backend.hf_model.config.eos_token_id)
@@ -170,11 +176,13 @@ def main() -> None:
     completions, seconds = engine_generate(engine, prompts,
                                            sampling(args.new_tokens, temperature=1.0, seed=1))
     tokens = sum(len(c.token_ids) for c in completions)
-    summary["reasonctl"] = {"tokens": tokens, "seconds": seconds,
+    summary["reasonctl"] = {"decode": engine.last_stats.decode,
+                            "tokens": tokens, "seconds": seconds,
                             "tokens_per_s": tokens / seconds,
                             "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9
                             if torch.cuda.is_available() else 0.0}
-    log(f"reasonctl: {tokens} tokens in {seconds:.2f} s = {tokens / seconds:.0f} tok/s")
+    log(f"reasonctl ({engine.last_stats.decode} decode): {tokens} tokens in {seconds:.2f} s "
+        f"= {tokens / seconds:.0f} tok/s")
     summary["logprob_gap"] = logprob_gap(backend, prompts[: args.gap_rows],
                                          completions[: args.gap_rows])
     log(f"sampled log-prob gap vs trainer: {summary['logprob_gap']}")
@@ -202,7 +210,7 @@ def main() -> None:
     backend, ctx = reasonctl_backend(model_dir, out / "run" / "rollout-fp32", values={
         "model": {"max_length": args.prompt_len + args.new_tokens, "dtype": "float32"},
         "backend": {"single": {"param_dtype": "compute"}},
-        "rollout": engine_config({"engine": "hf"}, args.prompts),
+        "rollout": engine_config({"engine": "hf"}, args.prompts, args),
     })
     summary["greedy_parity"]["float32"] = greedy_parity(
         ctx.build_rollout_engine(), backend.hf_model, prompts, args, eos=eos, pad=pad)
