@@ -44,8 +44,8 @@ def write(path: Path, text: str) -> Path:
 def test_precedence_set_over_env_over_files(tmp_path, registry, monkeypatch):
     base = write(tmp_path / "a.toml", '[train]\nlr = 0.1\nmax_steps = 5\n[run]\nname = "a"\n')
     later = write(tmp_path / "b.toml", "[train]\nlr = 0.2\n")
-    cfg = load_config([base, later], registry=registry, values={"algorithm": {"name": "fancy"},
-                                                                 "backend": {"name": "nullbackend"}})
+    names = {"algorithm": {"name": "fancy"}, "backend": {"name": "nullbackend"}}
+    cfg = load_config([base, later], registry=registry, values=names)
     assert cfg.train.lr == 0.2 and cfg.train.max_steps == 5 and cfg.run.name == "a"
     monkeypatch.setenv("REASONCTL_TRAIN__LR", "0.3")
     cfg = load_config([base, later], registry=registry,
