@@ -184,27 +184,27 @@ def test_cache_is_reused_and_grows_and_weights_update_in_place(
         make_tiny_model_dir(model_dir.parent / "other-fast", seed=11, initializer_range=0.3)
     ).eval()
     engine = HFRolloutEngine(target, tokenizer)
-    assert engine._static is not None
+    assert engine.static_decoder is not None
     params = SamplingParams(temperature=0.0, max_new_tokens=12)
     before = engine.generate(_inputs(prompts), params)
-    cache = engine._static.cache
+    cache = engine.static_decoder.cache
     assert cache is not None
     storage = cache.keys[0].data_ptr()
     engine.update_weights(source.state_dict().items())
     after = engine.generate(_inputs(prompts), params)
-    assert engine._static.cache is cache and cache.keys[0].data_ptr() == storage
+    assert engine.static_decoder.cache is cache and cache.keys[0].data_ptr() == storage
     expected = HFRolloutEngine(source, tokenizer, decode="dynamic").generate(
         _inputs(prompts), params)
     assert _ids(after) == _ids(expected) != _ids(before)
     engine.generate(_inputs(prompts), SamplingParams(n=3, temperature=0.0,
                                                      max_new_tokens=100))
-    grown = engine._static.cache
+    grown = engine.static_decoder.cache
     assert grown is not None and grown.slots == 12 and grown.max_len >= 100 + len(prompts[2])
 
 
 def test_vision_free_models_only_and_dynamic_on_request(model: Any, tokenizer: Any) -> None:
-    assert HFRolloutEngine(model, tokenizer)._static is not None
-    assert HFRolloutEngine(model, tokenizer, decode="dynamic")._static is None
+    assert HFRolloutEngine(model, tokenizer).static_decoder is not None
+    assert HFRolloutEngine(model, tokenizer, decode="dynamic").static_decoder is None
 
 
 def test_buckets_pick_the_smallest_that_fits() -> None:
@@ -213,3 +213,7 @@ def test_buckets_pick_the_smallest_that_fits() -> None:
     assert pick_bucket(9, 16, sizes) == 16
     assert pick_bucket(5, 6, sizes) == 6  # never above the slot count
     assert pick_bucket(1, 1, sizes) == 1
+
+
+def test_no_prompts_give_no_completions(model: Any, tokenizer: Any) -> None:
+    assert HFRolloutEngine(model, tokenizer).generate([], SamplingParams()) == []

@@ -135,6 +135,8 @@ class StaticDecoder:
                  generator: torch.Generator) -> list[list[Completion]]:
         """``params.n`` completions per prompt (token-id lists). Runs under the caller's
         inference context (no grad, eval mode, autocast)."""
+        if not prompts:
+            return []
         if min(len(p) for p in prompts) == 0:
             raise ValueError("every prompt needs at least one input id")
         sequences = [_Sequence(i) for i in range(len(prompts)) for _ in range(params.n)]

@@ -124,9 +124,10 @@ class HFRolloutEngine:
         self._cache_kwarg = "cache" if "cache" in forward else "past_key_values"
         self._accepts_logits_to_keep = "logits_to_keep" in forward
         self._accepts_mm_token_types = "mm_token_type_ids" in forward
-        self._static: StaticDecoder | None = None
+        self.static_decoder: StaticDecoder | None = None
+        """The static-cache decoder, or None where only the dynamic path applies."""
         if decode == "static" and supports_static_decode(model):
-            self._static = StaticDecoder(
+            self.static_decoder = StaticDecoder(
                 model, pad_token_id=self.pad_token_id, eos_token_ids=self.eos_token_ids,
                 decode=self._decode, max_batch_size=max_batch_size,
                 graph_batch_sizes=graph_batch_sizes, cuda_graphs=cuda_graphs,
@@ -153,12 +154,12 @@ class HFRolloutEngine:
         generator = self._generator(params.seed)
         per_chunk = max(1, self.max_batch_size // params.n)
         results: list[list[Completion]] = []
-        static = self._static is not None and not any(
+        static = self.static_decoder is not None and not any(
             p.get(k) is not None for p in prompts for k in VISION_KEYS)
         with self._inference():
             if static:
-                assert self._static is not None
-                results = self._static.generate([p["input_ids"] for p in prompts], params,
+                assert self.static_decoder is not None
+                results = self.static_decoder.generate([p["input_ids"] for p in prompts], params,
                                                 generator)
             else:
                 for start in range(0, len(prompts), per_chunk):
@@ -167,8 +168,8 @@ class HFRolloutEngine:
         if not static:
             path = "dynamic"
         else:
-            assert self._static is not None
-            path = "static+cuda_graphs" if self._static.uses_cuda_graphs else "static"
+            assert self.static_decoder is not None
+            path = "static+cuda_graphs" if self.static_decoder.uses_cuda_graphs else "static"
         tokens = sum(len(c.token_ids) for group in results for c in group)
         self.last_stats = RolloutStats(
             prompts=len(prompts),
