@@ -106,10 +106,13 @@ def test_schema_version_and_env():
 
 @pytest.fixture(scope="module")
 def third_party_site(tmp_path_factory):
+    import shutil
+
     target = tmp_path_factory.mktemp("third-party")
+    source = tmp_path_factory.mktemp("third-party-src") / "plugin"
+    shutil.copytree(ROOT / "examples" / "third_party_plugin", source)  # builds stay out of the repo
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--target", str(target),
-                    str(ROOT / "examples" / "third_party_plugin")],
+                    "--no-build-isolation", "--target", str(target), str(source)],
                    check=True, capture_output=True, timeout=300)
     return target
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from reasonctl.cli import common
 from reasonctl.cli.common import ConfigOption, SetOption, console, fail, handle_errors
+from reasonctl.cli.eval_cmd import eval_command
+from reasonctl.cli.export_cmd import export_command
+from reasonctl.cli.infer_cmd import infer_command
 from reasonctl.core.plugins import PluginHost, env_flag
 
 PLUGINS_PANEL = "Plugins"
@@ -70,9 +72,9 @@ def build_app(host: PluginHost) -> typer.Typer:
     app.command("plugins")(plugins_command)
     app.add_typer(_config_app(), name="config", help="Show, validate or describe the config.")
     app.command("env")(env_command)
-    app.command("eval")(eval_command)
-    app.command("infer")(infer_command)
-    app.command("export")(export_command)
+    app.command("eval")(handle_errors(eval_command))
+    app.command("infer")(handle_errors(infer_command))
+    app.command("export")(handle_errors(export_command))
     _add_plugin_commands(app, host)
     return app
 
@@ -252,63 +254,6 @@ def env_command(
             typer.echo(f"{key}: {', '.join(map(str, value)) or 'none'}")
         else:
             typer.echo(f"{key}: {value}")
-
-
-# --- commands implemented in their own modules ----------------------------------------------
-
-
-@handle_errors
-def eval_command(
-    model: Annotated[str, typer.Option("--model", help="Model directory or storage URI.")],
-    data: Annotated[str, typer.Option("--data", help="Evaluation data file (jsonl, llava).")],
-    answer_format: Annotated[
-        str | None,
-        typer.Option("--answer-format",
-                     help="letter | reasoning | free (default: eval.answer_format)"),
-    ] = None,
-    config: ConfigOption = None,
-    set_: SetOption = None,
-    output: Annotated[
-        Path | None, typer.Option("--output", help="Directory for predictions.jsonl.")
-    ] = None,
-    max_samples: Annotated[int | None, typer.Option("--max-samples", min=1)] = None,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
-) -> None:
-    """Generate answers for a data set and print accuracy overall and per source."""
-    from reasonctl.cli.eval_cmd import eval_command as implementation
-
-    implementation(model=model, data=data, answer_format=answer_format, config=config,
-                   set_=set_, output=output, max_samples=max_samples, seed=seed)
-
-
-@handle_errors
-def infer_command(
-    model: Annotated[str, typer.Option("--model", help="Model directory or storage URI.")],
-    prompt: Annotated[str, typer.Option("--prompt", help="The user message.")],
-    image: Annotated[Path | None, typer.Option("--image", help="An image file.")] = None,
-    video: Annotated[Path | None, typer.Option("--video", help="A video file.")] = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 256,
-    temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.0,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
-) -> None:
-    """Stream one completion for a prompt (optionally with an image or video)."""
-    from reasonctl.cli.infer_cmd import infer_command as implementation
-
-    implementation(model=model, prompt=prompt, image=image, video=video,
-                   max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
-
-
-@handle_errors
-def export_command(
-    path: Annotated[Path, typer.Argument(help="An export directory (e.g. RUN/export/final).")],
-    to: Annotated[str, typer.Option("--to", help="Target URI: s3://bucket/prefix, hf://org/repo.")],
-    config: ConfigOption = None,
-    set_: SetOption = None,
-) -> None:
-    """Push an existing export directory to storage."""
-    from reasonctl.cli.export_cmd import export_command as implementation
-
-    implementation(path=path, to=to, config=config, set_=set_)
 
 
 def main() -> None:

@@ -1,1 +1,0 @@
-"""Example third-party reasonctl plugin."""
