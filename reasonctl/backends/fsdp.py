@@ -170,6 +170,7 @@ class FSDPBackend(TorchBackend):
         """Release the model and, if this backend created it, the process group."""
         super().close()
         if self._owns_process_group and dist.is_initialized():
+            dist.barrier()  # no rank tears down its gloo threads while a peer still talks
             dist.destroy_process_group()
         self._owns_process_group = False
 
