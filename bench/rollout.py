@@ -15,6 +15,7 @@ Also reported:
   trainer's recomputation (``backend.token_outputs``), the ``rollout/logprob_gap`` of GRPO.
 
     python -m bench.rollout                    # static KV cache + CUDA graphs (default)
+    python -m bench.rollout --compile          # ... with the decode step compiled
     python -m bench.rollout --decode dynamic   # the per-token dynamic-cache loop
 
 The summary's ``reasonctl.decode`` says which path ran (``static+cuda_graphs``,
@@ -58,6 +59,8 @@ def parse_args() -> argparse.Namespace:
                         help="The hf engine's decode path ([rollout.hf] decode).")
     parser.add_argument("--no-cuda-graphs", action="store_true",
                         help="Run the static decode step eagerly ([rollout.hf] cuda_graphs).")
+    parser.add_argument("--compile", action="store_true",
+                        help="Compile the static decode step ([rollout.hf] compile).")
     parser.add_argument("--skip-generate", action="store_true",
                         help="Skip the sampled transformers baseline (slow).")
     parser.add_argument("--out", default="/tmp/reasonctl-bench")
@@ -68,7 +71,7 @@ def engine_config(ctx_values: dict[str, Any], max_batch_size: int,
                   args: argparse.Namespace) -> dict[str, Any]:
     """``[rollout]`` values for the ``hf`` engine with room for every sequence at once."""
     engine = {"max_batch_size": max_batch_size, "decode": args.decode,
-              "cuda_graphs": not args.no_cuda_graphs}
+              "cuda_graphs": not args.no_cuda_graphs, "compile": args.compile}
     return {**ctx_values, "hf": engine}
 
 
@@ -176,7 +179,7 @@ def main() -> None:
     completions, seconds = engine_generate(engine, prompts,
                                            sampling(args.new_tokens, temperature=1.0, seed=1))
     tokens = sum(len(c.token_ids) for c in completions)
-    summary["reasonctl"] = {"decode": engine.last_stats.decode,
+    summary["reasonctl"] = {"decode": engine.last_stats.decode, "compile": args.compile,
                             "tokens": tokens, "seconds": seconds,
                             "tokens_per_s": tokens / seconds,
                             "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9

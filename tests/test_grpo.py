@@ -151,6 +151,19 @@ def test_separate_engine_copy_is_synced_before_each_rollout(tmp_path: Path,
     assert 0.0 <= steps[1]["eval/prompts/accuracy"] <= 1.0
 
 
+def test_one_process_fsdp_grpo_equals_single_backend(tmp_path: Path,
+                                                     tiny_model_dir: Path) -> None:
+    """FSDP in one process shards nothing but wraps the model: the engine must use its own
+    synced copy and the run must equal the single-device one, KL reference included."""
+    losses = {}
+    for backend in ("single", "fsdp"):
+        config = _config(tmp_path / backend, tiny_model_dir, kl_beta=0.1)
+        config["backend"]["name"] = backend
+        reasonctl.run(config, rewards=[byte_parity])
+        losses[backend] = [row["loss"] for row in _metrics(tmp_path / backend / "run")]
+    assert losses["fsdp"] == pytest.approx(losses["single"], rel=1e-4)
+
+
 @pytest.mark.slow
 def test_resumed_run_matches_the_uninterrupted_one(tmp_path: Path, tiny_model_dir: Path) -> None:
     full = _config(tmp_path / "full", tiny_model_dir)

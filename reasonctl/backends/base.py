@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from reasonctl.backends.export import DEFAULT_MAX_SHARD_SIZE, save_hf_export
 from reasonctl.backends.perf import peak_flops, training_flops
+from reasonctl.backends.reference import ReferenceWeights
 from reasonctl.backends.token_logprobs import TokenLogprobModel, TokenLogprobs
 from reasonctl.core.context import RunContext
 from reasonctl.core.protocols import LossFn
@@ -56,7 +57,9 @@ class TorchBackend:
         self.tied_groups: list[list[str]] = []
         self.grad_scale = 1.0
         """Multiplier on each micro-batch loss that undoes data-parallel gradient averaging."""
-        self.reference_weights: list[torch.Tensor] | None = None
+        self.reference_weights: ReferenceWeights | None = None
+        self.generation_model: torch.nn.Module | None = None
+        """The module a colocated rollout engine may call directly (see ``Backend``)."""
         """Frozen copy of the starting weights (see :meth:`build_reference_model`)."""
 
     # --- set-up ---------------------------------------------------------------------------
@@ -103,34 +106,17 @@ class TorchBackend:
         reference is the starting model. The copy has the policy's layout (sharded under
         FSDP) and costs one more set of parameters, no optimizer state.
         """
-        self._reshard()
-        with torch.no_grad():
-            self.reference_weights = [p.detach().clone() for p in self._policy().parameters()]
+        self.reference_weights = ReferenceWeights(lambda: self._policy().parameters(),
+                                                  before_swap=self._reshard)
 
     def reference_token_outputs(self, batch: dict[str, Any], *, with_entropy: bool = False,
                                 temperature: float = 1.0) -> TokenLogprobs:
-        """:meth:`token_outputs` under the weights saved by :meth:`build_reference_model`.
-
-        The reference weights are swapped into the policy's parameters for this call (one
-        parameter at a time, so the extra memory is one parameter) and swapped back after.
-        """
+        """:meth:`token_outputs` under the weights saved by :meth:`build_reference_model`
+        (swapped into the policy's parameters for this call, one at a time)."""
         if self.reference_weights is None:
             raise RuntimeError("no reference model: call build_reference_model() first")
-        self._swap_reference()
-        try:
+        with self.reference_weights.active():
             return self.token_outputs(batch, with_entropy=with_entropy, temperature=temperature)
-        finally:
-            self._swap_reference()
-
-    def _swap_reference(self) -> None:
-        assert self.reference_weights is not None
-        self._reshard()  # a sharded model re-gathers the swapped weights on the next forward
-        with torch.no_grad():
-            params = list(self._policy().parameters())
-            for param, reference in zip(params, self.reference_weights, strict=True):
-                held = param.detach().clone()
-                param.copy_(reference)
-                reference.copy_(held)
 
     def train_step(self, micro_batches: Sequence[dict[str, Any]], loss_fn: LossFn, *,
                    with_entropy: bool = False, temperature: float = 1.0) -> Metrics:
@@ -278,7 +264,8 @@ class TorchBackend:
 
     def close(self) -> None:
         """Release the model and optimizer."""
-        self.policy = self.hf_model = self.optimizer = self.scheduler = None
+        self.policy = self.hf_model = self.generation_model = None
+        self.optimizer = self.scheduler = None
         self.reference_weights = None
 
     # --- helpers --------------------------------------------------------------------------

@@ -67,6 +67,7 @@ class SingleDeviceBackend(TorchBackend):
             compile_blocks(hf_model)
         self.tied_groups = tied_parameter_groups(hf_model)
         self.hf_model = hf_model
+        self.generation_model = hf_model
         self.policy = TokenLogprobModel(hf_model, chunk_tokens=self.chunk_tokens)
         self.optimizer = build_optimizer(self.policy.named_parameters(), config.train,
                                          device=self.device)

@@ -85,6 +85,12 @@ class Backend(Protocol):
 
     Whatever its parallelism (one device, FSDP2, Megatron TP/PP), a backend offers the same
     operations so algorithms never deal with ranks or sharding.
+
+    A backend may also offer ``generation_model``: a plain (unsharded) Hugging Face module
+    holding the live policy weights that a rollout engine in the same process can call
+    directly, sharing them instead of keeping a copy; ``None`` or absent where the weights
+    are sharded or wrapped (FSDP, Megatron), which engines then copy via
+    :meth:`full_state_dict`.
     """
 
     rank: int

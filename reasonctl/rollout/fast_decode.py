@@ -107,6 +107,7 @@ class StaticDecoder:
         max_batch_size: int,
         graph_batch_sizes: Sequence[int] = DEFAULT_GRAPH_BATCH_SIZES,
         cuda_graphs: bool = True,
+        compile_decode: bool = False,
     ) -> None:
         self.model = model
         self.pad_token_id = pad_token_id
@@ -121,6 +122,9 @@ class StaticDecoder:
         forward = inspect.signature(type(model).forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward else "past_key_values"
         self._accepts_logits_to_keep = "logits_to_keep" in forward
+        # one compiled function for every bucket: the batch dimension is symbolic
+        self._decode_model = (torch.compile(model, dynamic=True) if compile_decode
+                              else model)
 
     @property
     def uses_cuda_graphs(self) -> bool:
@@ -167,20 +171,20 @@ class StaticDecoder:
         self.cache.prepare_decode(positions)
         allowed = (buffers.key_index.view(1, -1) <= positions.view(-1, 1)).view(batch, 1, 1, -1)
         logits = self.call_model(buffers.input_ids[:batch].view(batch, 1),
-                                 positions.view(batch, 1), allowed)
+                                 positions.view(batch, 1), allowed, model=self._decode_model)
         buffers.logits[:batch].copy_(logits)
 
     def call_model(self, ids: torch.Tensor, positions: torch.Tensor,
-                   allowed: torch.Tensor) -> torch.Tensor:
-        """Run the model with explicit positions and a boolean ``[B, 1, q, k]`` mask;
-        return the last position's logits ``[B, V]``."""
+                   allowed: torch.Tensor, *, model: Any = None) -> torch.Tensor:
+        """Run ``model`` (default: the eager model) with explicit positions and a boolean
+        ``[B, 1, q, k]`` mask; return the last position's logits ``[B, V]``."""
         kwargs: dict[str, Any] = {
             "input_ids": ids, "position_ids": positions, "use_cache": True,
             "attention_mask": {"full_attention": allowed}, self._cache_kwarg: self.cache,
         }
         if self._accepts_logits_to_keep:
             kwargs["logits_to_keep"] = 1
-        return self.model(**kwargs).logits[:, -1, :]
+        return (self.model if model is None else model)(**kwargs).logits[:, -1, :]
 
     def _ensure_capacity(self, slots: int, max_len: int) -> None:
         embed = self.model.get_input_embeddings().weight

@@ -101,6 +101,7 @@ class HFRolloutEngine:
         decode: Literal["static", "dynamic"] = "static",
         cuda_graphs: bool = True,
         graph_batch_sizes: Sequence[int] = DEFAULT_GRAPH_BATCH_SIZES,
+        compile_decode: bool = False,
     ) -> None:
         if max_batch_size <= 0:
             raise ValueError(f"max_batch_size must be positive (got {max_batch_size})")
@@ -131,6 +132,7 @@ class HFRolloutEngine:
                 model, pad_token_id=self.pad_token_id, eos_token_ids=self.eos_token_ids,
                 decode=self._decode, max_batch_size=max_batch_size,
                 graph_batch_sizes=graph_batch_sizes, cuda_graphs=cuda_graphs,
+                compile_decode=compile_decode,
             )
 
     @property

@@ -61,6 +61,7 @@ from reasonctl.backends.megatron.weights import (
 )
 from reasonctl.backends.optim import lr_multiplier
 from reasonctl.backends.perf import peak_flops, training_flops
+from reasonctl.backends.reference import ReferenceWeights
 from reasonctl.backends.token_logprobs import TokenLogprobs
 from reasonctl.core.context import RunContext
 from reasonctl.core.errors import ConfigError, ReasonctlError
@@ -117,6 +118,7 @@ class MegatronBackend:
         self.optimizer: Any = None
         self.steps_done = 0
         self.parameter_counts = ParameterCounts(0, 0)
+        self.reference_weights: ReferenceWeights | None = None
         self._owns_process_group = False
 
     # --- set-up ---------------------------------------------------------------------------
@@ -257,6 +259,24 @@ class MegatronBackend:
             if entropy is not None:
                 dist.broadcast(entropy, group=self.groups.pp_group, group_src=last)
         return TokenLogprobs(logprobs, entropy)
+
+    def build_reference_model(self) -> None:
+        """Keep a frozen copy of this rank's weight shards as the KL reference policy
+        (called by algorithms in ``setup``, before a resumed run loads its checkpoint)."""
+        self.reference_weights = ReferenceWeights(
+            lambda: (p for chunk in self.chunks for p in chunk.parameters()))
+
+    def reference_token_outputs(self, batch: dict[str, Any], *, with_entropy: bool = False,
+                                temperature: float = 1.0) -> TokenLogprobs:
+        """:meth:`token_outputs` under the weights saved by :meth:`build_reference_model`.
+
+        Only the model's (bf16 or fp32) parameters are swapped; the optimizer's float32
+        main weights are untouched, and the parameters are restored exactly afterwards.
+        """
+        if self.reference_weights is None:
+            raise RuntimeError("no reference model: call build_reference_model() first")
+        with self.reference_weights.active():
+            return self.token_outputs(batch, with_entropy=with_entropy, temperature=temperature)
 
     def train_step(self, micro_batches: Sequence[dict[str, Any]], loss_fn: LossFn, *,
                    with_entropy: bool = False, temperature: float = 1.0) -> Metrics:
@@ -505,6 +525,7 @@ class MegatronBackend:
     def close(self) -> None:
         """Release the model, megatron's groups and, if created here, the process group."""
         self.chunks, self.ddp_chunks, self.optimizer = [], [], None
+        self.reference_weights = None
         parallel.destroy()
         if self._owns_process_group and dist.is_initialized():
             dist.destroy_process_group()

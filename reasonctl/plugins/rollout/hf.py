@@ -38,6 +38,12 @@ class HFRolloutConfig(BaseModel):
         description="With decode = 'static' on CUDA, replay the decode step as a CUDA graph "
         "per batch-size bucket. No effect on other devices.",
     )
+    compile: bool = Field(
+        default=False,
+        description="With decode = 'static', compile the decode step's forward pass with "
+        "torch.compile (fuses normalisation, rotary and activation kernels; one compile "
+        "for every batch size, paid on the first rollout).",
+    )
     graph_batch_sizes: list[int] = Field(
         default_factory=lambda: list(DEFAULT_GRAPH_BATCH_SIZES),
         description="Batch-size buckets the static decode step runs at (live rows are "
@@ -45,7 +51,8 @@ class HFRolloutConfig(BaseModel):
     )
     share_weights: bool = Field(
         default=True,
-        description="On a one-process backend, generate with the policy module itself (no "
+        description="With a backend whose weights are not sharded (single), generate with "
+        "the policy module itself (no "
         "copy). false: keep a separate copy refreshed from the trainer before each rollout.",
     )
 
@@ -53,8 +60,9 @@ class HFRolloutConfig(BaseModel):
 def build_hf_engine(config: HFRolloutConfig | None, *, ctx: RunContext) -> Any:
     """Build the engine for the run in ``ctx``.
 
-    With a one-process backend and ``share_weights`` the engine generates with the
-    backend's model under the backend's autocast. Otherwise (e.g. FSDP) it loads its own
+    With ``share_weights`` and a backend offering a ``generation_model`` (the ``single``
+    backend) the engine generates with that module under the backend's autocast. Otherwise
+    (FSDP, Megatron: sharded or wrapped weights) it loads its own
     unsharded copy on the backend's device; the algorithm refreshes it with
     ``update_weights(backend.full_state_dict())`` before each rollout.
     """
@@ -74,9 +82,10 @@ def build_hf_engine(config: HFRolloutConfig | None, *, ctx: RunContext) -> Any:
     decode_options: dict[str, Any] = {
         "max_batch_size": config.max_batch_size, "decode": config.decode,
         "cuda_graphs": config.cuda_graphs, "graph_batch_sizes": config.graph_batch_sizes,
+        "compile_decode": config.compile,
     }
-    shared = getattr(backend, "hf_model", None)
-    if config.share_weights and backend.world_size == 1 and shared is not None:
+    shared = getattr(backend, "generation_model", None)
+    if config.share_weights and shared is not None:
         return HFRolloutEngine(
             shared, tokenizer, autocast=getattr(backend, "autocast", None),
             shares_policy_weights=True, **decode_options,
