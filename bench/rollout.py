@@ -61,6 +61,8 @@ def parse_args() -> argparse.Namespace:
                         help="Run the static decode step eagerly ([rollout.hf] cuda_graphs).")
     parser.add_argument("--compile", action="store_true",
                         help="Compile the static decode step ([rollout.hf] compile).")
+    parser.add_argument("--profile", action="store_true",
+                        help="Print the GPU kernel time table of one extra short rollout.")
     parser.add_argument("--skip-generate", action="store_true",
                         help="Skip the sampled transformers baseline (slow).")
     parser.add_argument("--out", default="/tmp/reasonctl-bench")
@@ -153,6 +155,20 @@ def logprob_gap(backend: Any, prompts: list[list[int]], completions: list[Any]
     return {"max_abs": float(flat.max()), "mean_abs": float(flat.mean())}
 
 
+def profile(engine: Any, prompts: list[list[int]]) -> None:
+    """Kernel time table (top 30 by device time) of a 64-token rollout of ``prompts``."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with torch_profile(activities=activities) as prof:
+        engine_generate(engine, prompts, sampling(64, temperature=1.0, seed=3))
+    sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    log(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=60))
+
+
 def main() -> None:
     """Run the engine and the baseline and print the comparison."""
     args = parse_args()
@@ -186,6 +202,8 @@ def main() -> None:
                             if torch.cuda.is_available() else 0.0}
     log(f"reasonctl ({engine.last_stats.decode} decode): {tokens} tokens in {seconds:.2f} s "
         f"= {tokens / seconds:.0f} tok/s")
+    if args.profile:
+        profile(engine, prompts)
     summary["logprob_gap"] = logprob_gap(backend, prompts[: args.gap_rows],
                                          completions[: args.gap_rows])
     log(f"sampled log-prob gap vs trainer: {summary['logprob_gap']}")

@@ -24,6 +24,7 @@ Sampling, log-probs and stop-string semantics are those of
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections import deque
 from collections.abc import Sequence
@@ -35,7 +36,8 @@ import torch
 from reasonctl.core.types import Completion, SamplingParams
 from reasonctl.rollout.buckets import DEFAULT_GRAPH_BATCH_SIZES, pick_bucket
 from reasonctl.rollout.cuda_graphs import DecodeGraphs
-from reasonctl.rollout.sampling import sample_tokens
+from reasonctl.rollout.decode_forward import DecodeForward, supports_decode_forward
+from reasonctl.rollout.sampling import exponential_race, sample_tokens
 from reasonctl.rollout.slot_cache import SlotKVCache
 from reasonctl.rollout.stopping import Decode, StopMatcher
 
@@ -69,10 +71,11 @@ class _Sequence:
 class _Buffers:
     """Device tensors the decode step reads and writes, allocated with the cache."""
 
-    def __init__(self, slots: int, max_len: int, vocab: int, device: torch.device) -> None:
+    def __init__(self, slots: int, max_len: int, vocab: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
         self.input_ids = torch.zeros(slots, dtype=torch.long, device=device)
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
-        self.logits = torch.zeros(slots, vocab, dtype=torch.float32, device=device)
+        self.logits = torch.zeros(slots, vocab, dtype=dtype, device=device)
         self.done = torch.ones(slots, dtype=torch.bool, device=device)
         self.generated = torch.zeros(slots, dtype=torch.long, device=device)
         self.window_tokens = torch.zeros(slots, SYNC_EVERY, dtype=torch.long, device=device)
@@ -122,9 +125,12 @@ class StaticDecoder:
         forward = inspect.signature(type(model).forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward else "past_key_values"
         self._accepts_logits_to_keep = "logits_to_keep" in forward
-        # one compiled function for every bucket: the batch dimension is symbolic
-        self._decode_model = (torch.compile(model, dynamic=True) if compile_decode
-                              else model)
+        self.compile_decode = compile_decode
+        self.decode_forward: DecodeForward | None = None
+        """The dedicated decode step, for the model families it supports (built on first use)."""
+        self._decode_step: Any = None
+        self.race: Any = torch.compile(exponential_race, dynamic=True) if compile_decode \
+            else exponential_race
 
     @property
     def uses_cuda_graphs(self) -> bool:
@@ -146,7 +152,9 @@ class StaticDecoder:
         sequences = [_Sequence(i) for i in range(len(prompts)) for _ in range(params.n)]
         slots = min(self.max_batch_size, len(sequences))
         needed = max(len(p) for p in prompts) + params.max_new_tokens
-        self._ensure_capacity(slots, -(-needed // LENGTH_ALIGN) * LENGTH_ALIGN)
+        dtype = self._compute_dtype()
+        self._prepare_step(dtype)
+        self._ensure_capacity(slots, -(-needed // LENGTH_ALIGN) * LENGTH_ALIGN, dtype)
         run = _Run(self, prompts, params, sequences, slots, generator)
         run.execute()
         groups: list[list[Completion]] = [[] for _ in prompts]
@@ -168,16 +176,19 @@ class StaticDecoder:
         assert self.cache is not None and self.buffers is not None
         buffers = self.buffers
         positions = buffers.positions[:batch]
-        self.cache.prepare_decode(positions)
         allowed = (buffers.key_index.view(1, -1) <= positions.view(-1, 1)).view(batch, 1, 1, -1)
-        logits = self.call_model(buffers.input_ids[:batch].view(batch, 1),
-                                 positions.view(batch, 1), allowed, model=self._decode_model)
+        if self.decode_forward is not None:
+            logits = self._decode_step(buffers.input_ids[:batch], positions, self.cache, allowed)
+        else:
+            self.cache.prepare_decode(positions)
+            logits = self._decode_step(buffers.input_ids[:batch].view(batch, 1),
+                                       positions.view(batch, 1), allowed)
         buffers.logits[:batch].copy_(logits)
 
     def call_model(self, ids: torch.Tensor, positions: torch.Tensor,
                    allowed: torch.Tensor, *, model: Any = None) -> torch.Tensor:
-        """Run ``model`` (default: the eager model) with explicit positions and a boolean
-        ``[B, 1, q, k]`` mask; return the last position's logits ``[B, V]``."""
+        """Run ``model`` (default: the Hugging Face model) with explicit positions and a
+        boolean ``[B, 1, q, k]`` mask; return the last position's logits ``[B, V]``."""
         kwargs: dict[str, Any] = {
             "input_ids": ids, "position_ids": positions, "use_cache": True,
             "attention_mask": {"full_attention": allowed}, self._cache_kwarg: self.cache,
@@ -186,9 +197,36 @@ class StaticDecoder:
             kwargs["logits_to_keep"] = 1
         return (self.model if model is None else model)(**kwargs).logits[:, -1, :]
 
-    def _ensure_capacity(self, slots: int, max_len: int) -> None:
-        embed = self.model.get_input_embeddings().weight
-        dtype, device = embed.dtype, embed.device
+    def _compute_dtype(self) -> torch.dtype:
+        """The dtype matmuls run in: autocast's when it is on, else the weights'."""
+        device = self._device
+        if torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+        return self.model.get_input_embeddings().weight.dtype
+
+    def _prepare_step(self, dtype: torch.dtype) -> None:
+        """Choose the decode step (dedicated or Hugging Face forward, compiled or not) and
+        bring the dedicated step's weight copies up to date."""
+        if self._decode_step is not None and (
+                self.decode_forward is None or self.decode_forward.dtype == dtype):
+            if self.decode_forward is not None:
+                self.decode_forward.refresh()
+            return
+        self.cache = self.graphs = self.buffers = None  # captured with the old step
+        if supports_decode_forward(self.model):
+            self.decode_forward = DecodeForward(self.model, dtype)
+            step: Any = self.decode_forward
+        else:
+            self.decode_forward = None
+            step = functools.partial(self.call_model, model=None)
+        if self.compile_decode:
+            # one compiled function for every bucket: the batch dimension is symbolic
+            step = torch.compile(step if self.decode_forward is None else step.__call__,
+                                 dynamic=True)
+        self._decode_step = step
+
+    def _ensure_capacity(self, slots: int, max_len: int, dtype: torch.dtype) -> None:
+        device = self._device
         if self.cache is not None and self.cache.fits(slots, max_len, dtype):
             return
         if self.cache is not None:  # grow to cover both the old and the new request
@@ -203,7 +241,7 @@ class StaticDecoder:
             max_len=max_len, head_dim=head_dim, dtype=dtype, device=device,
         )
         vocab = self.model.get_output_embeddings().weight.shape[0]
-        self.buffers = _Buffers(slots, max_len, vocab, device)
+        self.buffers = _Buffers(slots, max_len, vocab, dtype, device)
         if self.uses_cuda_graphs:
             self.graphs = DecodeGraphs(self.forward_decode)
 
@@ -261,7 +299,7 @@ class _Run:
         params = self.params
         tokens, logprobs = sample_tokens(
             b.logits[:batch], temperature=params.temperature, top_k=params.top_k,
-            top_p=params.top_p, generator=self.generator,
+            top_p=params.top_p, generator=self.generator, race=self.decoder.race,
         )
         live = ~b.done[:batch]
         b.window_tokens[:batch, col] = tokens
@@ -351,7 +389,7 @@ class _Run:
         self.cache.prepare_prefill(slot_index, source_rows, store_at)
         logits = self.decoder.call_model(ids, positions, allowed)
         b = self.buffers
-        b.logits.index_copy_(0, slot_index, logits.index_select(0, source_rows).float())
+        b.logits.index_copy_(0, slot_index, logits.index_select(0, source_rows).to(b.logits.dtype))
         b.positions.index_copy_(0, slot_index, lengths.to(self.device).index_select(0, source_rows))
         b.done[slot_index] = False
         b.generated[slot_index] = 0

@@ -10,6 +10,8 @@ taken at temperature 1.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -33,6 +35,22 @@ def filter_logits(logits: torch.Tensor, *, top_k: int = 0, top_p: float = 1.0) -
     return logits
 
 
+def exponential_race(logits: torch.Tensor, noise: torch.Tensor, temperature: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row of ``logits`` at ``temperature`` (> 0), without filtering.
+
+    ``noise`` holds independent Exp(1) draws of the logits' shape: the row's argmax of
+    ``log p - log noise`` is a sample of ``p`` (the exponential race, i.e. Gumbel-max),
+    with no normalisation of ``p`` and no host synchronisation. Returns ``(tokens,
+    logprobs)`` with log-probs under the temperature-scaled distribution. Written as one
+    function so that a compiler can fuse it into a pass or two over the logits.
+    """
+    scaled = logits.float() / temperature
+    tokens = (scaled - noise.log()).argmax(dim=-1)
+    chosen = scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return tokens, chosen - torch.logsumexp(scaled, dim=-1)
+
+
 def sample_tokens(
     logits: torch.Tensor,
     *,
@@ -40,23 +58,26 @@ def sample_tokens(
     top_k: int = 0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    race: Callable[..., tuple[torch.Tensor, torch.Tensor]] = exponential_race,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row of ``logits`` (``[B, V]``); return ``(tokens, logprobs)``.
 
     Both outputs are ``[B]``; the log-probs follow the convention of this module's
-    docstring. Sampling happens on the logits' device.
+    docstring. Sampling happens on the logits' device. ``race`` replaces
+    :func:`exponential_race` (e.g. by a compiled version of it) for unfiltered sampling.
     """
-    logits = logits.float()
     if temperature == 0:
+        logits = logits.float()
         tokens = logits.argmax(dim=-1)
-        logprobs = torch.log_softmax(logits, dim=-1)
-    else:
-        scaled = logits / temperature
-        logprobs = torch.log_softmax(scaled, dim=-1)
-        filtered = filter_logits(scaled, top_k=top_k, top_p=top_p)
-        probs = torch.softmax(filtered, dim=-1)
-        # argmax of p / Exp(1) noise draws from p (what multinomial does for one sample),
-        # without the validity check that makes multinomial wait for the device
-        noise = torch.empty_like(probs).exponential_(generator=generator)
-        tokens = (probs / noise).argmax(dim=-1)
+        chosen = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        return tokens, chosen - torch.logsumexp(logits, dim=-1)
+    noise_shape = logits.shape
+    if top_k <= 0 and top_p >= 1.0:
+        noise = torch.empty(noise_shape, dtype=torch.float32, device=logits.device)
+        return race(logits, noise.exponential_(generator=generator), temperature)
+    scaled = logits.float() / temperature
+    logprobs = torch.log_softmax(scaled, dim=-1)
+    filtered = filter_logits(scaled, top_k=top_k, top_p=top_p)
+    noise = torch.empty(noise_shape, dtype=torch.float32, device=logits.device)
+    tokens = (filtered - noise.exponential_(generator=generator).log()).argmax(dim=-1)
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,203 @@
+"""A one-token decode forward pass for Llama-style decoders (Qwen2/2.5/3, Llama).
+
+The Hugging Face forward pass is written for every case (training, prefill, many cache
+types); one decode step of it at batch 64 launches several hundred small kernels and,
+with a mask, expands the grouped key/value heads into full copies of the cache every
+layer. :class:`DecodeForward` computes the same function for the one case the rollout
+engine repeats hundreds of times: one new token per slot of a
+:class:`~reasonctl.rollout.slot_cache.SlotKVCache`.
+
+- Query, key and value projections are one matmul over a concatenated weight, and so are
+  the gate and up projections (four matmuls per layer instead of seven).
+- Attention groups the query heads that share a key/value head into one query block
+  (``[B, kv_heads, group, head_dim]``), so the cache is read in place, never repeated.
+- Matmul weights are held in the compute dtype: concatenated weights always as copies,
+  others as the model's own parameters when they already have that dtype (else copies).
+  :meth:`DecodeForward.refresh` re-copies them in place (storage never moves, so captured
+  CUDA graphs stay valid); the engine calls it before every rollout, since the policy's
+  weights change between rollouts.
+- Norms, the activation and the embedding are the model's own modules and parameters;
+  rotary angles use the model's ``inv_freq`` and attention scaling.
+
+Supported: model types in :data:`SUPPORTED_MODEL_TYPES` with full attention, a static
+rotary frequency table (not the ``dynamic``/``longrope`` types) and no MLP bias; other
+models decode through the Hugging Face forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from reasonctl.rollout.slot_cache import SlotKVCache
+
+SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
+STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+
+
+def supports_decode_forward(model: Any) -> bool:
+    """True when :class:`DecodeForward` reproduces ``model``'s forward pass."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+        return False
+    inner = getattr(model, "model", None)
+    rotary = getattr(inner, "rotary_emb", None)
+    if rotary is None or getattr(rotary, "rope_type", "default") not in STATIC_ROPE_TYPES:
+        return False
+    try:
+        mlp = inner.layers[0].mlp
+        attention = inner.layers[0].self_attn
+    except (AttributeError, IndexError):
+        return False
+    if any(getattr(mlp, name).bias is not None for name in ("gate_proj", "up_proj", "down_proj")):
+        return False
+    biases = {getattr(attention, name).bias is None for name in ("q_proj", "k_proj", "v_proj")}
+    return len(biases) == 1
+
+
+@dataclass
+class _LayerWeights:
+    """One decoder layer's matmul weights in the compute dtype."""
+
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    out: torch.Tensor
+    out_bias: torch.Tensor | None
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+class DecodeForward:
+    """Next-token logits for one new token per slot, computed from ``model``'s weights.
+
+    ``dtype`` is the matmul (compute) dtype. Call :meth:`refresh` after the model's
+    weights change; :meth:`__call__` runs one step.
+    """
+
+    def __init__(self, model: Any, dtype: torch.dtype) -> None:
+        if not supports_decode_forward(model):
+            raise ValueError(f"{type(model).__name__} is not supported by DecodeForward")
+        self.model = model
+        self.dtype = dtype
+        config = model.config
+        inner = model.model
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        attention = inner.layers[0].self_attn
+        self.head_dim = attention.head_dim
+        self.scaling = float(attention.scaling)
+        self.layers = [self._allocate(layer) for layer in inner.layers]
+        self.lm_head = self._own_or_copy(model.get_output_embeddings().weight)
+        self.refresh()
+
+    # --- weights --------------------------------------------------------------------------
+
+    def _own_or_copy(self, param: torch.Tensor) -> torch.Tensor:
+        """``param`` itself when it has the compute dtype, else a buffer for its copy."""
+        if param.dtype == self.dtype:
+            return param.detach()
+        return torch.empty(param.shape, dtype=self.dtype, device=param.device)
+
+    def _allocate(self, layer: Any) -> _LayerWeights:
+        attention, mlp = layer.self_attn, layer.mlp
+        projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+        device = attention.q_proj.weight.device
+        rows = sum(p.weight.shape[0] for p in projections)
+        hidden = attention.q_proj.weight.shape[1]
+        ffn = mlp.gate_proj.weight.shape[0]
+        has_bias = attention.q_proj.bias is not None
+        return _LayerWeights(
+            qkv=torch.empty((rows, hidden), dtype=self.dtype, device=device),
+            qkv_bias=torch.empty(rows, dtype=self.dtype, device=device) if has_bias else None,
+            out=self._own_or_copy(attention.o_proj.weight),
+            out_bias=(None if attention.o_proj.bias is None
+                      else self._own_or_copy(attention.o_proj.bias)),
+            gate_up=torch.empty((2 * ffn, hidden), dtype=self.dtype, device=device),
+            down=self._own_or_copy(mlp.down_proj.weight),
+        )
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Copy the model's current weights into the compute-dtype buffers, in place."""
+        for layer, weights in zip(self.model.model.layers, self.layers, strict=True):
+            attention, mlp = layer.self_attn, layer.mlp
+            projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+            _copy_rows(weights.qkv, [p.weight for p in projections])
+            if weights.qkv_bias is not None:
+                _copy_rows(weights.qkv_bias, [p.bias for p in projections])
+            _copy_rows(weights.gate_up, [mlp.gate_proj.weight, mlp.up_proj.weight])
+            _copy_if_distinct(weights.out, attention.o_proj.weight)
+            if weights.out_bias is not None:
+                _copy_if_distinct(weights.out_bias, attention.o_proj.bias)
+            _copy_if_distinct(weights.down, mlp.down_proj.weight)
+        _copy_if_distinct(self.lm_head, self.model.get_output_embeddings().weight)
+
+    # --- the step -------------------------------------------------------------------------
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
+                 allowed: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, V]`` (compute dtype) for tokens ``input_ids`` (``[B]``) at
+        ``positions`` (``[B]``) of the first ``B`` slots; stores their keys/values in
+        ``cache`` and attends where ``allowed`` (``[B, 1, 1, max_len]``) is true."""
+        inner = self.model.model
+        batch = input_ids.shape[0]
+        x = inner.embed_tokens(input_ids)
+        cos, sin = self._rotary(positions, x.dtype)
+        index = positions.view(batch, 1, 1, 1).expand(batch, self.kv_heads, 1, self.head_dim)
+        for layer_index, (layer, weights) in enumerate(
+                zip(inner.layers, self.layers, strict=True)):
+            attention = layer.self_attn
+            h = layer.input_layernorm(x)
+            qkv = F.linear(h.to(self.dtype), weights.qkv, weights.qkv_bias)
+            q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
+                                 self.kv_heads * self.head_dim], dim=-1)
+            q = q.view(batch, self.heads, self.head_dim)
+            k = k.view(batch, self.kv_heads, self.head_dim)
+            if hasattr(attention, "q_norm"):  # Qwen3: RMSNorm per head before rotary
+                q, k = attention.q_norm(q), attention.k_norm(k)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            keys = cache.keys[layer_index][:batch]
+            values = cache.values[layer_index][:batch]
+            keys.scatter_(2, index, k.to(keys.dtype).unsqueeze(2))
+            values.scatter_(2, index, v.view(batch, self.kv_heads, 1, self.head_dim)
+                            .to(values.dtype))
+            grouped = q.to(keys.dtype).view(batch, self.kv_heads, -1, self.head_dim)
+            attended = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=allowed,
+                                                      scale=self.scaling)
+            attended = attended.reshape(batch, self.heads * self.head_dim)
+            x = x + F.linear(attended.to(self.dtype), weights.out, weights.out_bias)
+            h = layer.post_attention_layernorm(x)
+            gate, up = F.linear(h.to(self.dtype), weights.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(layer.mlp.act_fn(gate) * up, weights.down)
+        return F.linear(inner.norm(x).to(self.dtype), self.lm_head)
+
+    def _rotary(self, positions: torch.Tensor, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        rotary = self.model.model.rotary_emb
+        freqs = positions.float().unsqueeze(-1) * rotary.inv_freq.float().unsqueeze(0)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        scale = getattr(rotary, "attention_scaling", 1.0)
+        return ((angles.cos() * scale).to(dtype).unsqueeze(1),
+                (angles.sin() * scale).to(dtype).unsqueeze(1))
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding in the "rotate half" layout of Llama-style models."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _copy_rows(target: torch.Tensor, sources: list[torch.Tensor]) -> None:
+    start = 0
+    for source in sources:
+        target[start : start + source.shape[0]].copy_(source)
+        start += source.shape[0]
+
+
+def _copy_if_distinct(target: torch.Tensor, source: torch.Tensor) -> None:
+    if target.data_ptr() != source.data_ptr():
+        target.copy_(source)

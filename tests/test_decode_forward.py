@@ -1,0 +1,102 @@
+"""The dedicated decode step against the Hugging Face forward pass it replaces."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from reasonctl.core.types import SamplingParams
+from reasonctl.rollout.decode_forward import DecodeForward, supports_decode_forward
+from reasonctl.rollout.slot_cache import SlotKVCache
+
+SHAPE = {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 48,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "max_position_embeddings": 128}
+
+
+def _model(kind: str, **extra: Any) -> Any:
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+    torch.manual_seed(0)
+    if kind == "qwen2":
+        config = Qwen2Config(**SHAPE, tie_word_embeddings=True, **extra)
+    elif kind == "qwen3":
+        config = Qwen3Config(**SHAPE, head_dim=16, tie_word_embeddings=False, **extra)
+    else:
+        config = LlamaConfig(**SHAPE, attention_bias=False, tie_word_embeddings=False,
+                             rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0,
+                                              "factor": 8.0, "low_freq_factor": 1.0,
+                                              "high_freq_factor": 4.0,
+                                              "original_max_position_embeddings": 32},
+                             **extra)
+    config._attn_implementation = "sdpa"
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # large weights: differences between the paths would show
+        for param in model.parameters():
+            param.normal_(0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+def test_decode_step_equals_the_full_forward_pass(kind: str) -> None:
+    model = _model(kind)
+    assert supports_decode_forward(model)
+    step = DecodeForward(model, torch.float32)
+    ids = torch.randint(0, SHAPE["vocab_size"], (3, 9), generator=torch.Generator().manual_seed(1))
+    lengths = [9, 5, 7]  # rows of different lengths: each decodes at its own position
+    cache = SlotKVCache(layers=2, slots=3, kv_heads=2, max_len=16,
+                        head_dim=model.config.head_dim if kind == "qwen3" else 8,
+                        dtype=torch.float32, device=torch.device("cpu"))
+    with torch.no_grad():
+        # fill each slot by decoding its tokens one by one through the dedicated step
+        key_index = torch.arange(16)
+        for position in range(max(lengths)):
+            positions = torch.tensor([min(position, n - 1) for n in lengths])
+            tokens = ids[torch.arange(3), positions]
+            allowed = (key_index.view(1, -1) <= positions.view(-1, 1)).view(3, 1, 1, -1)
+            logits = step(tokens, positions, cache, allowed)
+        for row, length in enumerate(lengths):
+            reference = model(input_ids=ids[row : row + 1, :length]).logits[0, -1]
+            torch.testing.assert_close(logits[row], reference, rtol=1e-4, atol=1e-4)
+
+
+def test_refresh_follows_weight_changes_and_unsupported_models_are_refused() -> None:
+    model = _model("qwen2")
+    step = DecodeForward(model, torch.bfloat16)  # float32 weights: every matmul weight copied
+    with torch.no_grad():
+        model.model.layers[0].self_attn.k_proj.weight.add_(1.0)
+        model.model.layers[1].mlp.down_proj.weight.mul_(2.0)
+    step.refresh()
+    k_rows = slice(SHAPE["hidden_size"], SHAPE["hidden_size"] + 16)
+    torch.testing.assert_close(step.layers[0].qkv[k_rows].float(),
+                               model.model.layers[0].self_attn.k_proj.weight, atol=2e-2,
+                               rtol=1e-2)
+    torch.testing.assert_close(step.layers[1].down.float(),
+                               model.model.layers[1].mlp.down_proj.weight, atol=2e-2, rtol=1e-2)
+    assert not supports_decode_forward(_model("llama", mlp_bias=True))
+    same_dtype = DecodeForward(model, torch.float32)  # weights of the compute dtype are shared
+    down = model.model.layers[0].mlp.down_proj.weight
+    assert same_dtype.layers[0].down.data_ptr() == down.data_ptr()
+
+
+def test_engine_uses_the_step_and_compiled_step_gives_the_same_greedy_text(
+        tiny_model_dir: Any) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reasonctl.rollout.hf_engine import HFRolloutEngine
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = [{"input_ids": list(range(5, 5 + n))} for n in (3, 8, 5)]
+    params = SamplingParams(temperature=0.0, max_new_tokens=20)
+    eager = HFRolloutEngine(model, tokenizer)
+    compiled = HFRolloutEngine(model, tokenizer, compile_decode=True)
+    outputs = [engine.generate(prompts, params) for engine in (eager, compiled)]
+    assert eager.static_decoder is not None and eager.static_decoder.decode_forward is not None
+    assert [g[0].token_ids for g in outputs[0]] == [g[0].token_ids for g in outputs[1]]
+    for prompt, group in zip(prompts, outputs[0], strict=True):
+        reference = model.generate(torch.tensor([prompt["input_ids"]]), max_new_tokens=20,
+                                   do_sample=False)
+        assert group[0].token_ids == reference[0, len(prompt["input_ids"]) :].tolist()
