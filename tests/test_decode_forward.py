@@ -100,3 +100,13 @@ def test_engine_uses_the_step_and_compiled_step_gives_the_same_greedy_text(
         reference = model.generate(torch.tensor([prompt["input_ids"]]), max_new_tokens=20,
                                    do_sample=False)
         assert group[0].token_ids == reference[0, len(prompt["input_ids"]) :].tolist()
+
+
+@pytest.mark.parametrize("vocab", [151936, 97, 128])
+def test_two_stage_row_reductions_equal_the_plain_ones(vocab: int) -> None:
+    from reasonctl.rollout.sampling import _row_argmax, _row_logsumexp
+
+    x = torch.randn(5, vocab, generator=torch.Generator().manual_seed(0))
+    x[0, 3] = x[0, vocab - 1] = 100.0  # a tie: the first maximum wins, as in argmax
+    assert torch.equal(_row_argmax(x), x.argmax(-1))
+    torch.testing.assert_close(_row_logsumexp(x), x.logsumexp(-1))

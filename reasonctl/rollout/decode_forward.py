@@ -146,7 +146,7 @@ class DecodeForward:
         batch = input_ids.shape[0]
         x = inner.embed_tokens(input_ids)
         cos, sin = self._rotary(positions, x.dtype)
-        index = positions.view(batch, 1, 1, 1).expand(batch, self.kv_heads, 1, self.head_dim)
+        rows = torch.arange(batch, device=input_ids.device)
         for layer_index, (layer, weights) in enumerate(
                 zip(inner.layers, self.layers, strict=True)):
             attention = layer.self_attn
@@ -159,14 +159,16 @@ class DecodeForward:
             if hasattr(attention, "q_norm"):  # Qwen3: RMSNorm per head before rotary
                 q, k = attention.q_norm(q), attention.k_norm(k)
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-            keys = cache.keys[layer_index][:batch]
-            values = cache.values[layer_index][:batch]
-            keys.scatter_(2, index, k.to(keys.dtype).unsqueeze(2))
-            values.scatter_(2, index, v.view(batch, self.kv_heads, 1, self.head_dim)
-                            .to(values.dtype))
+            keys, values = cache.keys[layer_index], cache.values[layer_index]
+            # an indexed store into the whole cache tensor: a compiler turns it into a
+            # write of the new entries only (a store into a slice view would make it copy
+            # the slice)
+            keys[rows, :, positions] = k.to(keys.dtype)
+            values[rows, :, positions] = v.view(batch, self.kv_heads, self.head_dim).to(
+                values.dtype)
             grouped = q.to(keys.dtype).view(batch, self.kv_heads, -1, self.head_dim)
-            attended = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=allowed,
-                                                      scale=self.scaling)
+            attended = F.scaled_dot_product_attention(grouped, keys[:batch], values[:batch],
+                                                      attn_mask=allowed, scale=self.scaling)
             attended = attended.reshape(batch, self.heads * self.head_dim)
             x = x + F.linear(attended.to(self.dtype), weights.out, weights.out_bias)
             h = layer.post_attention_layernorm(x)

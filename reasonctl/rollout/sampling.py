@@ -46,9 +46,34 @@ def exponential_race(logits: torch.Tensor, noise: torch.Tensor, temperature: flo
     function so that a compiler can fuse it into a pass or two over the logits.
     """
     scaled = logits.float() / temperature
-    tokens = (scaled - noise.log()).argmax(dim=-1)
+    tokens = _row_argmax(scaled - noise.log())
     chosen = scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    return tokens, chosen - torch.logsumexp(scaled, dim=-1)
+    return tokens, chosen - _row_logsumexp(scaled)
+
+
+SPLITS = (32, 16, 8, 4, 2)
+"""Pieces a row of logits is reduced in first (the largest that divides the vocabulary):
+a few long rows are otherwise reduced by one thread block each."""
+
+
+def _split(x: torch.Tensor) -> torch.Tensor:
+    """``[B, V]`` as ``[B, pieces, V / pieces]``."""
+    width = x.shape[-1]
+    pieces = next((p for p in SPLITS if width % p == 0), 1)
+    return x.view(x.shape[0], pieces, width // pieces)
+
+
+def _row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(-1)`` for ``[B, V]`` in two stages (same result, first maximum wins)."""
+    pieces = _split(x)
+    piece_max, piece_index = pieces.max(dim=-1)
+    best = piece_max.argmax(dim=-1, keepdim=True)
+    return (best * pieces.shape[-1] + piece_index.gather(-1, best)).squeeze(-1)
+
+
+def _row_logsumexp(x: torch.Tensor) -> torch.Tensor:
+    """``x.logsumexp(-1)`` for ``[B, V]`` in two stages."""
+    return torch.logsumexp(torch.logsumexp(_split(x), dim=-1), dim=-1)
 
 
 def sample_tokens(
