@@ -60,6 +60,19 @@ def test_config_validate_reports_all_problems(tmp_path):
     assert "Unknown algorithm 'grpoo'" in err and "Did you mean 'grpo'?" in err
 
 
+def test_error_messages_with_brackets_print_literally(capsys):
+    import typer
+
+    from reasonctl.cli.common import fail
+
+    # e.g. a gloo error names its source file in brackets; rich would read it as markup
+    for message in ("gloo [/pair.cc:553] Connection closed by peer", "worker [rank0]: boom"):
+        with pytest.raises(typer.Exit) as exit_info:
+            fail(message)
+        assert exit_info.value.exit_code == 1
+        assert message in capsys.readouterr().err
+
+
 def test_set_beats_environment_beats_file(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text("[train]\nlr = 0.1\n")

@@ -119,6 +119,27 @@ def test_fsdp_in_one_process_matches_single(reference: Path) -> None:
 
 
 @pytest.mark.slow
+def test_fsdp_compiles_blocks_with_train_compile(reference: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import reasonctl.backends.fsdp as fsdp_module
+
+    compiled: list[int] = []
+
+    def counting_compile_blocks(model: torch.nn.Module) -> int:
+        compiled.append(real_compile_blocks(model))
+        return compiled[-1]
+
+    real_compile_blocks = fsdp_module.compile_blocks
+    monkeypatch.setattr(fsdp_module, "compile_blocks", counting_compile_blocks)
+    out = reference / "fsdp1-compiled"
+    result = run_in_process(reference / "run.toml", f"run.output_dir={out}",
+                            "backend.name=fsdp", "train.compile=true")
+    assert result.status == "completed"
+    assert len(compiled) == 1 and compiled[0] > 0  # train.compile is not silently ignored
+    assert_close_runs(out, reference / "single", range(1, STEPS + 1), rel=1e-3)
+
+
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_two_processes_match_single_and_resume_in_one(reference: Path) -> None:
     out = reference / "fsdp2"

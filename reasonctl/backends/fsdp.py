@@ -1,7 +1,8 @@
 """FSDP2 / HSDP backend: parameters, gradients and optimizer state sharded over ranks.
 
 Composition, in torchtitan's order: build the model (real weights on rank 0, on the meta
-device elsewhere) -> freeze patterns -> activation checkpointing -> ``fully_shard`` each
+device elsewhere) -> freeze patterns -> activation checkpointing -> ``train.compile`` of
+each block's training forward (:mod:`reasonctl.backends.compile`) -> ``fully_shard`` each
 transformer block (the classes in the model's ``_no_split_modules``) and then the root
 (embeddings, final norm, output projection, vision merger) -> allocate the shards ->
 broadcast the weights from rank 0 into them.
@@ -27,6 +28,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from reasonctl.backends.base import TorchBackend
+from reasonctl.backends.compile import compile_blocks
 from reasonctl.backends.distributed import init_process_group, resolve_device
 from reasonctl.backends.export import tied_parameter_groups
 from reasonctl.backends.optim import build_optimizer, build_scheduler
@@ -90,6 +92,8 @@ class FSDPBackend(TorchBackend):
         )
         if config.model.gradient_checkpointing:
             enable_gradient_checkpointing(hf_model)
+        if config.train.compile:
+            compile_blocks(hf_model)
         self.tied_groups = tied_parameter_groups(hf_model)
         self.hf_model = hf_model
         self.policy = TokenLogprobModel(hf_model, chunk_tokens=self.chunk_tokens)

@@ -10,6 +10,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from reasonctl.core.config import RunConfig, load_config, redact_text
 from reasonctl.core.errors import ConfigError, ReasonctlError, UnknownComponentError
@@ -44,7 +45,7 @@ def host() -> PluginHost:
 
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print an error and exit with ``code``."""
-    console.print(f"[red]error:[/] {redact_text(message)}", highlight=False)
+    console.print(f"[red]error:[/] {escape(redact_text(message))}", highlight=False)
     raise typer.Exit(code)
 
 
@@ -134,6 +135,7 @@ def report_result(result: Any) -> None:
         console.print(line, highlight=False)
     if result.upload_failures:
         for failure in result.upload_failures:
-            console.print(f"[red]upload failed:[/] {redact_text(failure)}", highlight=False)
+            console.print(f"[red]upload failed:[/] {escape(redact_text(failure))}",
+                          highlight=False)
         fail("training finished but some uploads failed; the local copies listed above are "
              "intact — push them later with `reasonctl export PATH --to URI`", code=1)
