@@ -110,3 +110,33 @@ def test_two_stage_row_reductions_equal_the_plain_ones(vocab: int) -> None:
     x[0, 3] = x[0, vocab - 1] = 100.0  # a tie: the first maximum wins, as in argmax
     assert torch.equal(_row_argmax(x), x.argmax(-1))
     torch.testing.assert_close(_row_logsumexp(x), x.logsumexp(-1))
+
+
+class _NoTextTokenizer:
+    """Enough of a tokenizer for the engine: ids only, no text."""
+
+    pad_token_id = 0
+    eos_token_id = 96
+
+    def decode(self, ids: Any, **_: Any) -> str:
+        return ""
+
+
+@pytest.mark.parametrize(("kind", "extra", "dedicated"), [
+    ("qwen3", {}, True), ("llama", {}, True), ("llama", {"mlp_bias": True}, False)])
+def test_engine_greedy_equals_generate_for_each_family(kind: str, extra: dict[str, Any],
+                                                       dedicated: bool) -> None:
+    from reasonctl.rollout.hf_engine import HFRolloutEngine
+
+    model = _model(kind, **extra)
+    engine = HFRolloutEngine(model, _NoTextTokenizer(), eos_token_ids=[96], pad_token_id=0)
+    prompts = [list(range(5, 5 + n)) for n in (3, 8, 5)]  # padded differently in prefill
+    groups = engine.generate([{"input_ids": p} for p in prompts],
+                             SamplingParams(temperature=0.0, max_new_tokens=12))
+    assert engine.last_stats.decode == "static"
+    assert engine.static_decoder is not None
+    assert (engine.static_decoder.decode_forward is not None) is dedicated
+    for prompt, group in zip(prompts, groups, strict=True):
+        reference = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                   eos_token_id=96, pad_token_id=0)
+        assert group[0].token_ids == reference[0, len(prompt) :].tolist()

@@ -9,8 +9,10 @@ How :meth:`StaticDecoder.generate` runs:
    the logits the previous forward pass left in a static buffer
    (:mod:`reasonctl.rollout.sampling`), records it in a device-side window, marks rows
    that produced an end-of-sequence token or reached ``max_new_tokens`` as finished, and
-   runs the model on the new tokens (a CUDA graph per bucket on CUDA,
-   :mod:`reasonctl.rollout.cuda_graphs`; eager elsewhere). Nothing is copied to the host.
+   runs the model on the new tokens: the dedicated step of
+   :mod:`reasonctl.rollout.decode_forward` for the model families it supports, else the
+   Hugging Face forward pass; optionally compiled; a CUDA graph per bucket on CUDA
+   (:mod:`reasonctl.rollout.cuda_graphs`), eager elsewhere. Nothing is copied to the host.
 3. Every ``SYNC_EVERY`` steps (sooner when a row must have hit its length by then) the
    window is copied to the host in one transfer. Rows take their tokens; stop strings are
    checked there (:mod:`reasonctl.rollout.stopping`) and completions cut exactly as in
@@ -24,7 +26,6 @@ Sampling, log-probs and stop-string semantics are those of
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections import deque
 from collections.abc import Sequence
@@ -96,7 +97,9 @@ class StaticDecoder:
     ``model`` is a ``transformers`` causal LM accepted by :func:`supports_static_decode`.
     ``graph_batch_sizes`` are the batch-size buckets decode steps run at (the slot count is
     always one); with ``cuda_graphs`` and a CUDA model each bucket's forward pass is a
-    captured CUDA graph. The cache and buffers grow when a call needs more slots or a
+    captured CUDA graph. ``compile_decode`` compiles the decode step and the sampler with
+    ``torch.compile`` (one compilation for every bucket, paid on the first call). The
+    cache and buffers, kept in the compute dtype, grow when a call needs more slots or a
     longer sequence, and are otherwise kept.
     """
 
@@ -186,16 +189,16 @@ class StaticDecoder:
         buffers.logits[:batch].copy_(logits)
 
     def call_model(self, ids: torch.Tensor, positions: torch.Tensor,
-                   allowed: torch.Tensor, *, model: Any = None) -> torch.Tensor:
-        """Run ``model`` (default: the Hugging Face model) with explicit positions and a
-        boolean ``[B, 1, q, k]`` mask; return the last position's logits ``[B, V]``."""
+                   allowed: torch.Tensor) -> torch.Tensor:
+        """Run the Hugging Face model with explicit positions and a boolean
+        ``[B, 1, q, k]`` mask; return the last position's logits ``[B, V]``."""
         kwargs: dict[str, Any] = {
             "input_ids": ids, "position_ids": positions, "use_cache": True,
-            "attention_mask": {"full_attention": allowed}, self._cache_kwarg: self.cache,
+            "attention_mask": allowed, self._cache_kwarg: self.cache,
         }
         if self._accepts_logits_to_keep:
             kwargs["logits_to_keep"] = 1
-        return (self.model if model is None else model)(**kwargs).logits[:, -1, :]
+        return self.model(**kwargs).logits[:, -1, :]
 
     def _compute_dtype(self) -> torch.dtype:
         """The dtype matmuls run in: autocast's when it is on, else the weights'."""
@@ -213,16 +216,14 @@ class StaticDecoder:
                 self.decode_forward.refresh()
             return
         self.cache = self.graphs = self.buffers = None  # captured with the old step
+        step: Any = self.call_model
+        self.decode_forward = None
         if supports_decode_forward(self.model):
             self.decode_forward = DecodeForward(self.model, dtype)
-            step: Any = self.decode_forward
-        else:
-            self.decode_forward = None
-            step = functools.partial(self.call_model, model=None)
+            step = self.decode_forward.__call__
         if self.compile_decode:
             # one compiled function for every bucket: the batch dimension is symbolic
-            step = torch.compile(step if self.decode_forward is None else step.__call__,
-                                 dynamic=True)
+            step = torch.compile(step, dynamic=True)
         self._decode_step = step
 
     def _ensure_capacity(self, slots: int, max_len: int, dtype: torch.dtype) -> None:
