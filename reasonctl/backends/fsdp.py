@@ -14,6 +14,7 @@ computes in ``model.dtype`` with float32 gradient reduction.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 
 import torch
@@ -173,6 +174,9 @@ class FSDPBackend(TorchBackend):
     def close(self) -> None:
         """Release the model and, if this backend created it, the process group."""
         super().close()
+        # sharded tensors in reference cycles keep their device mesh, and with it the
+        # process group, alive past its destruction: collect them while the group exists
+        gc.collect()
         if self._owns_process_group and dist.is_initialized():
             dist.barrier()  # no rank tears down its gloo threads while a peer still talks
             dist.destroy_process_group()
