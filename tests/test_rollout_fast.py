@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from rollout_fixtures import chat_prompts, model, model_dir, tokenizer  # noqa: F401 (fixtures)
 
 from reasonctl.core.types import SamplingParams
 from reasonctl.rollout.buckets import pick_bucket
@@ -17,37 +18,8 @@ QUESTIONS = ["hi", "what is 2+2? answer please", "tell me a story about a dragon
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny model with large random weights, so greedy outputs vary from token to token."""
-    from reasonctl.testing import make_tiny_model_dir
-
-    return make_tiny_model_dir(tmp_path_factory.mktemp("fast-model"), seed=3,
-                               initializer_range=0.3)
-
-
-@pytest.fixture(scope="module")
-def model(model_dir: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir).eval()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
-
-
-@pytest.fixture(scope="module")
 def prompts(tokenizer: Any) -> list[list[int]]:
-    out = []
-    for question in QUESTIONS:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": question}], add_generation_prompt=True
-        )
-        out.append(list(ids if isinstance(ids, list) else ids["input_ids"]))
-    return out
+    return chat_prompts(tokenizer, QUESTIONS)
 
 
 def _inputs(prompts: list[list[int]]) -> list[dict[str, Any]]:

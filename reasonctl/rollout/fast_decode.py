@@ -59,8 +59,8 @@ def supports_static_decode(model: Any) -> bool:
 
 
 @dataclass
-class _Sequence:
-    """One completion being generated."""
+class GeneratingRow:
+    """One completion being generated (by either decode path of the ``hf`` engine)."""
 
     prompt_index: int
     ids: list[int] = field(default_factory=list)
@@ -152,7 +152,7 @@ class StaticDecoder:
             return []
         if min(len(p) for p in prompts) == 0:
             raise ValueError("every prompt needs at least one input id")
-        sequences = [_Sequence(i) for i in range(len(prompts)) for _ in range(params.n)]
+        sequences = [GeneratingRow(i) for i in range(len(prompts)) for _ in range(params.n)]
         slots = min(self.max_batch_size, len(sequences))
         needed = max(len(p) for p in prompts) + params.max_new_tokens
         dtype = self._compute_dtype()
@@ -251,7 +251,7 @@ class _Run:
     """The state of one :meth:`StaticDecoder.generate` call."""
 
     def __init__(self, decoder: StaticDecoder, prompts: Sequence[Sequence[int]],
-                 params: SamplingParams, sequences: list[_Sequence], slots: int,
+                 params: SamplingParams, sequences: list[GeneratingRow], slots: int,
                  generator: torch.Generator) -> None:
         assert decoder.cache is not None and decoder.buffers is not None
         self.decoder = decoder
@@ -290,7 +290,7 @@ class _Run:
             elif not self.pending:
                 self._compact()
 
-    def _seq(self, slot: int) -> _Sequence:
+    def _seq(self, slot: int) -> GeneratingRow:
         index = self.occupant[slot]
         assert index is not None
         return self.sequences[index]
@@ -342,7 +342,7 @@ class _Run:
                 freed.append(slot)
         return freed
 
-    def _append(self, seq: _Sequence, token: int, logprob: float) -> None:
+    def _append(self, seq: GeneratingRow, token: int, logprob: float) -> None:
         seq.ids.append(token)
         seq.logprobs.append(logprob)
         if token in self.eos_set:

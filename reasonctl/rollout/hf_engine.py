@@ -27,14 +27,14 @@ import inspect
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
 from reasonctl.core.types import Completion, SamplingParams
 from reasonctl.rollout.buckets import DEFAULT_GRAPH_BATCH_SIZES
-from reasonctl.rollout.fast_decode import StaticDecoder, supports_static_decode
+from reasonctl.rollout.fast_decode import GeneratingRow, StaticDecoder, supports_static_decode
 from reasonctl.rollout.sampling import sample_tokens
 from reasonctl.rollout.stopping import StopMatcher
 
@@ -63,17 +63,6 @@ class RolloutStats:
     def tokens_per_second(self) -> float:
         """Generated tokens per wall-clock second."""
         return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass
-class _Row:
-    """One sequence being generated."""
-
-    prompt_index: int
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish: str | None = None
-    text: str | None = None
 
 
 class HFRolloutEngine:
@@ -228,7 +217,7 @@ class HFRolloutEngine:
         emitted = ""
         pieces: list[str] = []
 
-        def on_step(rows: list[_Row]) -> None:
+        def on_step(rows: list[GeneratingRow]) -> None:
             nonlocal emitted
             row = rows[0]
             text = row.text if row.text is not None else self._decode(row.ids)
@@ -272,7 +261,7 @@ class HFRolloutEngine:
         self, prompts: Sequence[dict[str, Any]], params: SamplingParams,
         generator: torch.Generator,
     ) -> list[list[Completion]]:
-        rows: list[_Row] = []
+        rows: list[GeneratingRow] = []
         for rows in self._decode_loop(prompts, params, generator):  # noqa: B007 (last wins)
             pass
         groups: list[list[Completion]] = [[] for _ in prompts]
@@ -287,12 +276,12 @@ class HFRolloutEngine:
         prompts: Sequence[dict[str, Any]],
         params: SamplingParams,
         generator: torch.Generator,
-        on_step: Callable[[list[_Row]], None] | None = None,
-    ) -> Iterator[list[_Row]]:
+        on_step: Callable[[list[GeneratingRow]], None] | None = None,
+    ) -> Iterator[list[GeneratingRow]]:
         """Run prefill and decode steps, yielding the rows after every step."""
         device = self.device
         n = params.n
-        rows = [_Row(prompt_index=i) for i in range(len(prompts)) for _ in range(n)]
+        rows = [GeneratingRow(prompt_index=i) for i in range(len(prompts)) for _ in range(n)]
         stops = StopMatcher(params.stop, self._decode)
         cache = _new_cache()
         logits, attention, next_pos = self._prefill(prompts, cache)

@@ -96,13 +96,13 @@ def sample_tokens(
         tokens = logits.argmax(dim=-1)
         chosen = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         return tokens, chosen - torch.logsumexp(logits, dim=-1)
-    noise_shape = logits.shape
+    noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    noise.exponential_(generator=generator)
     if top_k <= 0 and top_p >= 1.0:
-        noise = torch.empty(noise_shape, dtype=torch.float32, device=logits.device)
-        return race(logits, noise.exponential_(generator=generator), temperature)
+        return race(logits, noise, temperature)
+    # filtering decides which tokens can be drawn; log-probs stay those of the full
+    # temperature-scaled distribution
     scaled = logits.float() / temperature
-    logprobs = torch.log_softmax(scaled, dim=-1)
-    filtered = filter_logits(scaled, top_k=top_k, top_p=top_p)
-    noise = torch.empty(noise_shape, dtype=torch.float32, device=logits.device)
-    tokens = (filtered - noise.exponential_(generator=generator).log()).argmax(dim=-1)
-    return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    tokens = _row_argmax(filter_logits(scaled, top_k=top_k, top_p=top_p) - noise.log())
+    chosen = scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return tokens, chosen - _row_logsumexp(scaled)
