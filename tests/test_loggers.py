@@ -6,6 +6,7 @@ import json
 import math
 import struct
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -306,6 +307,26 @@ def wandb_records(run_file: Path) -> list[Any]:
     return records
 
 
+def wandb_records_when_complete(run_file: Path, timeout_s: float = 60.0) -> list[Any]:
+    """Records of an offline run file once its exit record is on disk.
+
+    ``run.finish()`` returns when wandb's service has handled the exit; on a busy machine
+    its writer may flush the file a moment later.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            records = wandb_records(run_file)
+        except Exception:  # a record still being written decodes as garbage
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        if time.monotonic() > deadline:
+            kinds = sorted({r.WhichOneof("record_type") for r in records})
+            raise AssertionError(f"{run_file} has no exit record after {timeout_s}s: {kinds}")
+        time.sleep(0.2)
+
+
 def wandb_history(records: list[Any]) -> list[dict[str, Any]]:
     """History rows of an offline wandb run file, in order."""
     rows = []
@@ -336,7 +357,7 @@ def test_wandb_offline_run_holds_metrics_and_no_secrets(
     runs = list((ctx.output_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and logger.run_dir is not None
     assert runs[0].resolve() == logger.run_dir.resolve()
-    records = wandb_records(next(runs[0].glob("run-*.wandb")))
+    records = wandb_records_when_complete(next(runs[0].glob("run-*.wandb")))
     history = wandb_history(records)
     if history:
         assert [h["_step"] for h in history] == [1, 2, 3]
