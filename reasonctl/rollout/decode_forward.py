@@ -32,6 +32,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from reasonctl.rollout.decode_attention import (
+    decode_attention,
+    default_splits,
+    supports_fused_attention,
+)
 from reasonctl.rollout.slot_cache import SlotKVCache
 
 SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
@@ -73,11 +78,13 @@ class _LayerWeights:
 class DecodeForward:
     """Next-token logits for one new token per slot, computed from ``model``'s weights.
 
-    ``dtype`` is the matmul (compute) dtype. Call :meth:`refresh` after the model's
-    weights change; :meth:`__call__` runs one step.
+    ``dtype`` is the matmul (compute) dtype. With ``fused_kernels``, attention runs as
+    :func:`~reasonctl.rollout.decode_attention.decode_attention` where that kernel runs
+    (CUDA, Triton, power-of-two head size). Call :meth:`refresh` after the model's weights
+    change; :meth:`__call__` runs one step.
     """
 
-    def __init__(self, model: Any, dtype: torch.dtype) -> None:
+    def __init__(self, model: Any, dtype: torch.dtype, *, fused_kernels: bool = False) -> None:
         if not supports_decode_forward(model):
             raise ValueError(f"{type(model).__name__} is not supported by DecodeForward")
         self.model = model
@@ -89,6 +96,11 @@ class DecodeForward:
         attention = inner.layers[0].self_attn
         self.head_dim = attention.head_dim
         self.scaling = float(attention.scaling)
+        device = attention.q_proj.weight.device
+        self.fused_attention = fused_kernels and supports_fused_attention(self.head_dim, device)
+        """Attention (with rotary and the cache store) runs as one fused kernel."""
+        self.q_norm_eps = float(getattr(getattr(attention, "q_norm", None),
+                                        "variance_epsilon", 1e-6))
         self.layers = [self._allocate(layer) for layer in inner.layers]
         self.lm_head = self._own_or_copy(model.get_output_embeddings().weight)
         self.refresh()
@@ -147,34 +159,55 @@ class DecodeForward:
         x = inner.embed_tokens(input_ids)
         cos, sin = self._rotary(positions, x.dtype)
         rows = torch.arange(batch, device=input_ids.device)
+        splits = default_splits(cache.slots, self.kv_heads, cache.max_len, x.device) \
+            if self.fused_attention else 1
         for layer_index, (layer, weights) in enumerate(
                 zip(inner.layers, self.layers, strict=True)):
             attention = layer.self_attn
             h = layer.input_layernorm(x)
             qkv = F.linear(h.to(self.dtype), weights.qkv, weights.qkv_bias)
-            q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
-                                 self.kv_heads * self.head_dim], dim=-1)
-            q = q.view(batch, self.heads, self.head_dim)
-            k = k.view(batch, self.kv_heads, self.head_dim)
-            if hasattr(attention, "q_norm"):  # Qwen3: RMSNorm per head before rotary
-                q, k = attention.q_norm(q), attention.k_norm(k)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-            keys, values = cache.keys[layer_index], cache.values[layer_index]
-            # an indexed store into the whole cache tensor: a compiler turns it into a
-            # write of the new entries only (a store into a slice view would make it copy
-            # the slice)
-            keys[rows, :, positions] = k.to(keys.dtype)
-            values[rows, :, positions] = v.view(batch, self.kv_heads, self.head_dim).to(
-                values.dtype)
-            grouped = q.to(keys.dtype).view(batch, self.kv_heads, -1, self.head_dim)
-            attended = F.scaled_dot_product_attention(grouped, keys[:batch], values[:batch],
-                                                      attn_mask=allowed, scale=self.scaling)
-            attended = attended.reshape(batch, self.heads * self.head_dim)
+            if self.fused_attention:
+                q_norm = getattr(attention, "q_norm", None)
+                attended = decode_attention(
+                    qkv, cos.view(batch, -1), sin.view(batch, -1), positions,
+                    cache.keys[layer_index], cache.values[layer_index], heads=self.heads,
+                    scale=self.scaling, splits=splits,
+                    q_norm=None if q_norm is None else q_norm.weight,
+                    k_norm=None if q_norm is None else attention.k_norm.weight,
+                    norm_eps=self.q_norm_eps,
+                )
+            else:
+                attended = self._attend(attention, qkv, cos, sin, rows, positions,
+                                        cache, layer_index, allowed)
             x = x + F.linear(attended.to(self.dtype), weights.out, weights.out_bias)
             h = layer.post_attention_layernorm(x)
             gate, up = F.linear(h.to(self.dtype), weights.gate_up).chunk(2, dim=-1)
             x = x + F.linear(layer.mlp.act_fn(gate) * up, weights.down)
         return F.linear(inner.norm(x).to(self.dtype), self.lm_head)
+
+    def _attend(self, attention: Any, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                rows: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
+                layer_index: int, allowed: torch.Tensor) -> torch.Tensor:
+        """Rotary, cache store and attention in stock torch operations."""
+        batch = qkv.shape[0]
+        q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
+                             self.kv_heads * self.head_dim], dim=-1)
+        q = q.view(batch, self.heads, self.head_dim)
+        k = k.view(batch, self.kv_heads, self.head_dim)
+        if hasattr(attention, "q_norm"):  # Qwen3: RMSNorm per head before rotary
+            q, k = attention.q_norm(q), attention.k_norm(k)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        keys, values = cache.keys[layer_index], cache.values[layer_index]
+        # an indexed store into the whole cache tensor: a compiler turns it into a
+        # write of the new entries only (a store into a slice view would make it copy
+        # the slice)
+        keys[rows, :, positions] = k.to(keys.dtype)
+        values[rows, :, positions] = v.view(batch, self.kv_heads, self.head_dim).to(
+            values.dtype)
+        grouped = q.to(keys.dtype).view(batch, self.kv_heads, -1, self.head_dim)
+        attended = F.scaled_dot_product_attention(grouped, keys[:batch], values[:batch],
+                                                  attn_mask=allowed, scale=self.scaling)
+        return attended.reshape(batch, self.heads * self.head_dim)
 
     def _rotary(self, positions: torch.Tensor, dtype: torch.dtype
                 ) -> tuple[torch.Tensor, torch.Tensor]:

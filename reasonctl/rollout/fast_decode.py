@@ -98,7 +98,9 @@ class StaticDecoder:
     ``graph_batch_sizes`` are the batch-size buckets decode steps run at (the slot count is
     always one); with ``cuda_graphs`` and a CUDA model each bucket's forward pass is a
     captured CUDA graph. ``compile_decode`` compiles the decode step and the sampler with
-    ``torch.compile`` (one compilation for every bucket, paid on the first call). The
+    ``torch.compile`` (one compilation for every bucket, paid on the first call).
+    ``fused_kernels`` lets the dedicated decode step use its fused Triton kernels where they
+    run (CUDA with Triton installed). The
     cache and buffers, kept in the compute dtype, grow when a call needs more slots or a
     longer sequence, and are otherwise kept.
     """
@@ -114,6 +116,7 @@ class StaticDecoder:
         graph_batch_sizes: Sequence[int] = DEFAULT_GRAPH_BATCH_SIZES,
         cuda_graphs: bool = True,
         compile_decode: bool = False,
+        fused_kernels: bool = True,
     ) -> None:
         self.model = model
         self.pad_token_id = pad_token_id
@@ -129,6 +132,7 @@ class StaticDecoder:
         self._cache_kwarg = "cache" if "cache" in forward else "past_key_values"
         self._accepts_logits_to_keep = "logits_to_keep" in forward
         self.compile_decode = compile_decode
+        self.fused_kernels = fused_kernels
         self.decode_forward: DecodeForward | None = None
         """The dedicated decode step, for the model families it supports (built on first use)."""
         self._decode_step: Any = None
@@ -219,7 +223,8 @@ class StaticDecoder:
         step: Any = self.call_model
         self.decode_forward = None
         if supports_decode_forward(self.model):
-            self.decode_forward = DecodeForward(self.model, dtype)
+            self.decode_forward = DecodeForward(self.model, dtype,
+                                                fused_kernels=self.fused_kernels)
             step = self.decode_forward.__call__
         if self.compile_decode:
             # one compiled function for every bucket: the batch dimension is symbolic

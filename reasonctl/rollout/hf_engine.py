@@ -91,6 +91,7 @@ class HFRolloutEngine:
         cuda_graphs: bool = True,
         graph_batch_sizes: Sequence[int] = DEFAULT_GRAPH_BATCH_SIZES,
         compile_decode: bool = False,
+        fused_kernels: bool = True,
     ) -> None:
         if max_batch_size <= 0:
             raise ValueError(f"max_batch_size must be positive (got {max_batch_size})")
@@ -121,7 +122,7 @@ class HFRolloutEngine:
                 model, pad_token_id=self.pad_token_id, eos_token_ids=self.eos_token_ids,
                 decode=self._decode, max_batch_size=max_batch_size,
                 graph_batch_sizes=graph_batch_sizes, cuda_graphs=cuda_graphs,
-                compile_decode=compile_decode,
+                compile_decode=compile_decode, fused_kernels=fused_kernels,
             )
 
     @property

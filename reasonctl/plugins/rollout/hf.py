@@ -44,6 +44,13 @@ class HFRolloutConfig(BaseModel):
         "torch.compile (fuses normalisation, rotary and activation kernels; one compile "
         "for every batch size, paid on the first rollout).",
     )
+    fused_kernels: bool = Field(
+        default=True,
+        description="With decode = 'static' on CUDA with Triton installed, run the "
+        "dedicated decode step's attention (rotary embedding, cache store and attention "
+        "bounded by each sequence's length) as one fused kernel. false: stock torch "
+        "operations.",
+    )
     graph_batch_sizes: list[int] = Field(
         default_factory=lambda: list(DEFAULT_GRAPH_BATCH_SIZES),
         description="Batch-size buckets the static decode step runs at (live rows are "
@@ -82,7 +89,7 @@ def build_hf_engine(config: HFRolloutConfig | None, *, ctx: RunContext) -> Any:
     decode_options: dict[str, Any] = {
         "max_batch_size": config.max_batch_size, "decode": config.decode,
         "cuda_graphs": config.cuda_graphs, "graph_batch_sizes": config.graph_batch_sizes,
-        "compile_decode": config.compile,
+        "compile_decode": config.compile, "fused_kernels": config.fused_kernels,
     }
     shared = getattr(backend, "generation_model", None)
     if config.share_weights and shared is not None:
