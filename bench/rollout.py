@@ -61,6 +61,11 @@ def parse_args() -> argparse.Namespace:
                         help="Run the static decode step eagerly ([rollout.hf] cuda_graphs).")
     parser.add_argument("--compile", action="store_true",
                         help="Compile the static decode step ([rollout.hf] compile).")
+    parser.add_argument("--no-fused-kernels", action="store_true",
+                        help="Stock torch attention in the decode step "
+                        "([rollout.hf] fused_kernels = false).")
+    parser.add_argument("--max-autotune", action="store_true",
+                        help="With --compile, let the compiler autotune matmul kernels.")
     parser.add_argument("--profile", action="store_true",
                         help="Print the GPU kernel time table of one extra short rollout.")
     parser.add_argument("--skip-generate", action="store_true",
@@ -73,7 +78,8 @@ def engine_config(ctx_values: dict[str, Any], max_batch_size: int,
                   args: argparse.Namespace) -> dict[str, Any]:
     """``[rollout]`` values for the ``hf`` engine with room for every sequence at once."""
     engine = {"max_batch_size": max_batch_size, "decode": args.decode,
-              "cuda_graphs": not args.no_cuda_graphs, "compile": args.compile}
+              "cuda_graphs": not args.no_cuda_graphs, "compile": args.compile,
+              "fused_kernels": not args.no_fused_kernels}
     return {**ctx_values, "hf": engine}
 
 
@@ -172,6 +178,10 @@ def profile(engine: Any, prompts: list[list[int]]) -> None:
 def main() -> None:
     """Run the engine and the baseline and print the comparison."""
     args = parse_args()
+    if args.max_autotune:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.max_autotune_gemm = True
     out = Path(args.out)
     model_dir = build_model_dir(out / "models", args.size)
     prompts = random_rows(args.prompts, args.prompt_len, seed=2)
@@ -195,7 +205,11 @@ def main() -> None:
     completions, seconds = engine_generate(engine, prompts,
                                            sampling(args.new_tokens, temperature=1.0, seed=1))
     tokens = sum(len(c.token_ids) for c in completions)
+    decoder = getattr(engine, "static_decoder", None)
+    step = getattr(decoder, "decode_forward", None)
     summary["reasonctl"] = {"decode": engine.last_stats.decode, "compile": args.compile,
+                            "fused_attention": bool(getattr(step, "fused_attention", False)),
+                            "max_autotune": args.max_autotune,
                             "tokens": tokens, "seconds": seconds,
                             "tokens_per_s": tokens / seconds,
                             "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9

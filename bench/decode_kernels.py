@@ -1,0 +1,205 @@
+"""Decode-step kernels one at a time: the fused kernels against the stock operations.
+
+At the shapes of one decode step of a Qwen2.5-shaped model (``--size``) at ``--batch``
+rows, bf16, on CUDA:
+
+- attention: :func:`reasonctl.rollout.decode_attention.decode_attention` (rotary, cache
+  store, attention bounded by each row's length) at several ``splits`` against the stock
+  path it replaces (rotary, indexed cache stores, SDPA over the whole cache with a mask),
+  for rows of mixed lengths up to ``--max-len``;
+- matmuls (when :mod:`reasonctl.rollout.decode_linear` is present): each projection of a
+  layer and the output head, the fused small-batch kernel (with its norm / SwiGLU /
+  residual fusions) against ``F.linear`` plus the separate elementwise kernels.
+
+Each variant is first checked against the reference, then timed as a CUDA graph of
+``--repeat`` calls (so launch overhead is that of a decode step's graph), median of
+``--trials`` replays. Prints a table and a JSON summary as the last line.
+
+    python -m bench.decode_kernels --size 0.5b --batch 64 --max-len 640
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from bench.common import emit, environment, log
+
+SHAPES = {  # hidden, ffn, heads, kv_heads, vocab
+    "0.5b": (896, 4864, 14, 2, 151936),
+    "1.5b": (1536, 8960, 12, 2, 151936),
+}
+
+
+def parse_args() -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="0.5b", choices=sorted(SHAPES))
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--max-len", type=int, default=640)
+    parser.add_argument("--repeat", type=int, default=24)
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--configs", default="",
+                        help="Extra decode_linear tile configs to time, e.g. "
+                        "'64,128,1,4;32,256,2,4' (block_n,block_k,split_k,num_warps).")
+    return parser.parse_args()
+
+
+def time_graph(fn: Callable[[], Any], repeat: int, trials: int) -> float:
+    """Median microseconds per call of ``fn`` replayed ``repeat`` times in a CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeat):
+            fn()
+    times = []
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / repeat)
+    return statistics.median(times)
+
+
+def attention_case(args: argparse.Namespace, qkv: torch.Tensor, keys: torch.Tensor,
+                   values: torch.Tensor, positions: torch.Tensor, heads: int) -> dict[str, Any]:
+    """Check, then time, each attention variant for rows at ``positions``."""
+    from reasonctl.rollout.decode_attention import (
+        decode_attention,
+        decode_attention_reference,
+        default_splits,
+    )
+
+    batch, kv_heads, max_len, head_dim = keys.shape
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, device=keys.device).float()
+                              / head_dim))
+    angles = positions.float().unsqueeze(-1) * inv_freq
+    angles = torch.cat((angles, angles), -1)
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    scale = head_dim ** -0.5
+    expected = decode_attention_reference(qkv, cos, sin, positions, keys.clone(),
+                                          values.clone(), heads=heads, scale=scale)
+    row: dict[str, Any] = {}
+    row["stock_us"] = time_graph(lambda: decode_attention_reference(
+        qkv, cos, sin, positions, keys, values, heads=heads, scale=scale),
+        args.repeat, args.trials)
+    for splits in (1, 2, 4, 8):
+        got = decode_attention(qkv, cos, sin, positions, keys.clone(), values.clone(),
+                               heads=heads, scale=scale, splits=splits)
+        row[f"splits{splits}_max_error"] = float((got.float() - expected.float()).abs().max())
+        row[f"splits{splits}_us"] = time_graph(
+            lambda s=splits: decode_attention(qkv, cos, sin, positions, keys, values,
+                                              heads=heads, scale=scale, splits=s),
+            args.repeat, args.trials)
+    row["default_splits"] = default_splits(batch, kv_heads, max_len, keys.device)
+    return row
+
+
+def attention_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """Fused decode attention at several splits against the stock path."""
+    hidden, _, heads, kv_heads, _ = SHAPES[args.size]
+    head_dim = hidden // heads
+    batch, max_len, device = args.batch, args.max_len, torch.device("cuda")
+    gen = torch.Generator(device).manual_seed(0)
+    qkv = torch.randn(batch, (heads + 2 * kv_heads) * head_dim, device=device,
+                      generator=gen).bfloat16()
+    keys = torch.randn(batch, kv_heads, max_len, head_dim, device=device,
+                       generator=gen).bfloat16()
+    values = torch.randn_like(keys)
+    results: dict[str, Any] = {}
+    for label, positions in (
+        ("mixed", torch.randint(128, max_len, (batch,), device=device, generator=gen)),
+        ("full", torch.full((batch,), max_len - 1, device=device)),
+        ("short", torch.full((batch,), 200, device=device)),
+    ):
+        row = attention_case(args, qkv, keys, values, positions, heads)
+        results[label] = row
+        log(f"attention {label}: {row}")
+    return results
+
+
+def linear_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """The fused small-batch matmul kernel against F.linear plus separate elementwise ops."""
+    try:
+        from reasonctl.rollout.decode_linear import decode_linear, decode_linear_reference
+    except ImportError:
+        return {}
+    hidden, ffn, heads, kv_heads, vocab = SHAPES[args.size]
+    head_dim = hidden // heads
+    batch, device, dtype = args.batch, torch.device("cuda"), torch.bfloat16
+    gen = torch.Generator(device).manual_seed(1)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, device=device, generator=gen) * 0.05).to(dtype)
+
+    norm = rand(hidden) + 1.0
+    x = rand(batch, hidden)
+    cases = {
+        # name: (input, weight, bias, prologue, residual)
+        "qkv+norm": (x, rand((heads + 2 * kv_heads) * head_dim, hidden),
+                     rand((heads + 2 * kv_heads) * head_dim), "rmsnorm", None),
+        "o+residual": (x, rand(hidden, hidden), None, "none", rand(batch, hidden)),
+        "gate_up+norm": (x, rand(2 * ffn, hidden), None, "rmsnorm", None),
+        "down+swiglu+residual": (rand(batch, 2 * ffn), rand(hidden, ffn), None, "swiglu",
+                                 rand(batch, hidden)),
+        "lm_head+norm": (x, rand(vocab, hidden), None, "rmsnorm", None),
+    }
+    extra = [tuple(int(v) for v in c.split(",")) for c in args.configs.split(";") if c]
+    results: dict[str, Any] = {}
+    for name, (inp, weight, bias, prologue, residual) in cases.items():
+        options = {"prologue": prologue, "norm_weight": norm if prologue == "rmsnorm" else None,
+                   "eps": 1e-6, "residual": residual}
+        expected = decode_linear_reference(inp, weight, bias, **options)
+        got = decode_linear(inp, weight, bias, **options)
+        row: dict[str, Any] = {
+            "max_error": float((got.float() - expected.float()).abs().max()),
+            "weight_mb": weight.numel() * weight.element_size() / 1e6,
+            "stock_us": time_graph(lambda i=inp, w=weight, b=bias, o=options:
+                                   decode_linear_reference(i, w, b, **o),
+                                   args.repeat, args.trials),
+            "matmul_only_us": time_graph(lambda w=weight, b=bias, k=inp.shape[1] if prologue
+                                         != "swiglu" else ffn:
+                                         F.linear(x.new_empty(batch, k), w, b),
+                                         args.repeat, args.trials),
+            "fused_us": time_graph(lambda i=inp, w=weight, b=bias, o=options:
+                                   decode_linear(i, w, b, **o), args.repeat, args.trials),
+        }
+        for block_n, block_k, split_k, warps in extra:
+            key = f"fused_{block_n}x{block_k}s{split_k}w{warps}_us"
+            row[key] = time_graph(
+                lambda i=inp, w=weight, b=bias, o=options, c=(block_n, block_k, split_k, warps):
+                decode_linear(i, w, b, block_n=c[0], block_k=c[1], split_k=c[2],
+                              num_warps=c[3], **o), args.repeat, args.trials)
+        row["fused_weight_tb_per_s"] = row["weight_mb"] / row["fused_us"]
+        results[name] = row
+        log(f"linear {name}: {row}")
+    return results
+
+
+def main() -> None:
+    """Time each kernel and print the comparison."""
+    args = parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench.decode_kernels needs a CUDA device")
+    summary: dict[str, Any] = {"bench": "decode_kernels", "size": args.size,
+                               "batch": args.batch, "max_len": args.max_len, **environment()}
+    with torch.inference_mode():
+        summary["attention"] = attention_bench(args)
+        summary["linear"] = linear_bench(args)
+    emit(summary)
+
+
+if __name__ == "__main__":
+    main()
