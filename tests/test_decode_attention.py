@@ -155,7 +155,8 @@ def test_engine_with_the_fused_kernel_gives_transformers_greedy_text(
     monkeypatch.setattr(decode_forward, "default_splits", lambda *_: 2)
     model = _model(kind)
     tokenizer = type("Tok", (), {"pad_token_id": 0, "decode": lambda self, ids, **_: ""})()
-    engine = HFRolloutEngine(model, tokenizer, eos_token_ids=[1], compile_decode=compiled)
+    engine = HFRolloutEngine(model, tokenizer, eos_token_ids=[1], compile_decode=compiled,
+                            fused_kernels=True)
     prompts = [{"input_ids": list(range(5, 5 + n))} for n in (3, 8, 5)]
     groups = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=12))
     assert engine.static_decoder is not None

@@ -45,11 +45,11 @@ class HFRolloutConfig(BaseModel):
         "for every batch size, paid on the first rollout).",
     )
     fused_kernels: bool = Field(
-        default=True,
+        default=False,
         description="With decode = 'static' on CUDA with Triton installed, run the "
         "dedicated decode step's attention (rotary embedding, cache store and attention "
         "bounded by each sequence's length) as one fused kernel. false: stock torch "
-        "operations.",
+        "operations. Off by default until its speed is benchmarked.",
     )
     graph_batch_sizes: list[int] = Field(
         default_factory=lambda: list(DEFAULT_GRAPH_BATCH_SIZES),
