@@ -29,26 +29,19 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import Any
 
 import torch
 
-
-def triton_available() -> bool:
-    """True when Triton can be imported."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+from reasonctl.rollout.triton_support import interpreting, next_power_of_two, triton_available
 
 
 def supports_fused_attention(head_dim: int, device: torch.device) -> bool:
-    """True when :func:`decode_attention` runs for this head size on ``device``: CUDA,
-    Triton installed and a power-of-two head size of at least 16."""
-    return (device.type == "cuda" and head_dim >= 16 and head_dim & (head_dim - 1) == 0
-            and triton_available())
+    """True when :func:`decode_attention` runs for this head size on ``device``: CUDA (or
+    any device under Triton's interpreter), Triton installed and a power-of-two head size
+    of at least 16."""
+    return ((device.type == "cuda" or interpreting()) and head_dim >= 16
+            and head_dim & (head_dim - 1) == 0 and triton_available())
 
 
 def default_splits(batch: int, kv_heads: int, max_len: int, device: torch.device) -> int:
@@ -123,7 +116,7 @@ def _decode_attention_op(
         out, partial, stats, scale * math.log2(math.e), max_len,
         qkv.stride(0), cos.stride(0),
         HEADS=heads, KV_HEADS=kv_heads, GROUP=group,
-        GROUP_PAD=max(16, _next_power_of_two(group)), HEAD_DIM=head_dim, BLOCK_N=64,
+        GROUP_PAD=max(16, next_power_of_two(group)), HEAD_DIM=head_dim, BLOCK_N=64,
         SPLITS=splits, HAS_NORM=has_norm, UPCAST=_upcast_dots(key_cache.dtype),
         num_warps=4,
     )
@@ -173,11 +166,7 @@ def _upcast_dots(dtype: torch.dtype) -> bool:
     """Matrix products in float32 ("ieee", not tf32) for float32 caches, and under Triton's
     interpreter, whose half-precision products are wrong. Half-precision products of
     half-precision inputs are exact in float32, so only the speed differs."""
-    return dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _next_power_of_two(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
+    return dtype == torch.float32 or interpreting()
 
 
 @functools.cache

@@ -40,34 +40,18 @@ Triton's interpreter) the op computes :func:`decode_linear_reference` instead.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from reasonctl.rollout.triton_support import interpreting, next_power_of_two, triton_available
 
 PROLOGUES = ("none", "rmsnorm", "swiglu")
 MAX_ROWS = 128  # one program covers every row; larger batches are not decode steps
 TARGET_SMS = 132  # processors assumed where the device has none to ask (an H100 SXM)
 _REDUCE_BLOCK = 1024
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def triton_available() -> bool:
-    """True when Triton can be imported."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _next_power_of_two(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -95,11 +79,11 @@ def default_config(
         num_sms: Streaming multiprocessors of the device.
     """
     target = 2 * num_sms
-    block_k = min(128 if element_size <= 2 else 64, max(16, _next_power_of_two(k)))
+    block_k = min(128 if element_size <= 2 else 64, max(16, next_power_of_two(k)))
     block_n = next((b for b in (128, 64, 32, 16) if _cdiv(n, b) >= target), None)
     split_k = 1
     if block_n is None:
-        block_n = min(32, max(16, _next_power_of_two(n)))
+        block_n = min(32, max(16, next_power_of_two(n)))
         tiles = _cdiv(n, block_n)
         while tiles * split_k < target and split_k < 16:
             if _cdiv(k, block_k) >= 2 * split_k:
@@ -108,7 +92,7 @@ def default_config(
                 block_k //= 2
             else:
                 break
-    block_m = max(16, _next_power_of_two(m))
+    block_m = max(16, next_power_of_two(m))
     return {
         "block_n": block_n,
         "block_k": block_k,
@@ -292,7 +276,7 @@ def _decode_linear_op(
     num_warps: int,
     num_stages: int,
 ) -> torch.Tensor:
-    if not (triton_available() and (x.device.type == "cuda" or _interpreting())):
+    if not (triton_available() and (x.device.type == "cuda" or interpreting())):
         return decode_linear_reference(x, weight, bias, prologue=prologue,
                                        norm_weight=norm_weight, eps=eps, residual=residual)
     config = default_config(x.shape[0], weight.shape[0], weight.shape[1],
@@ -368,9 +352,9 @@ def _launch(
         HAS_RESIDUAL=residual is not None,
         NORM_DTYPE=tl_dtype[norm_dtype],
         IEEE=weight.dtype == torch.float32,
-        UPCAST=_interpreting(),
+        UPCAST=interpreting(),
         SPLIT_K=split_k,
-        BLOCK_M=max(16, _next_power_of_two(m)),
+        BLOCK_M=max(16, next_power_of_two(m)),
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         num_warps=num_warps,
