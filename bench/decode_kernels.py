@@ -80,6 +80,7 @@ def attention_case(args: argparse.Namespace, qkv: torch.Tensor, keys: torch.Tens
         decode_attention,
         decode_attention_reference,
         default_splits,
+        processor_count,
     )
 
     batch, kv_heads, max_len, head_dim = keys.shape
@@ -103,7 +104,8 @@ def attention_case(args: argparse.Namespace, qkv: torch.Tensor, keys: torch.Tens
             lambda s=splits: decode_attention(qkv, cos, sin, positions, keys, values,
                                               heads=heads, scale=scale, splits=s),
             args.repeat, args.trials)
-    row["default_splits"] = default_splits(batch, kv_heads, max_len, keys.device)
+    row["default_splits"] = default_splits(batch, kv_heads, max_len,
+                                           processor_count(keys.device))
     return row
 
 

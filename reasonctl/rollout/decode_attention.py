@@ -44,12 +44,16 @@ def supports_fused_attention(head_dim: int, device: torch.device) -> bool:
             and head_dim & (head_dim - 1) == 0 and triton_available())
 
 
-def default_splits(batch: int, kv_heads: int, max_len: int, device: torch.device) -> int:
-    """Programs per (slot, key/value head): enough for about two programs per streaming
-    multiprocessor, none with fewer than 128 keys to read."""
+def processor_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA ``device`` (1 elsewhere)."""
     if device.type != "cuda":
         return 1
-    processors = torch.cuda.get_device_properties(device).multi_processor_count
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def default_splits(batch: int, kv_heads: int, max_len: int, processors: int) -> int:
+    """Programs per (slot, key/value head): enough for about two programs per streaming
+    multiprocessor (``processors`` of them), none with fewer than 128 keys to read."""
     wanted = max(1, (2 * processors) // max(1, batch * kv_heads))
     splits = 1
     while splits * 2 <= min(wanted, 16) and max_len // (splits * 2) >= 128:
@@ -187,9 +191,9 @@ def _kernels() -> tuple[Any, Any]:
         split = tl.program_id(2)
         position = tl.load(positions_ptr + row).to(tl.int32)
         dim = tl.arange(0, HEAD_DIM)
-        half: tl.constexpr = HEAD_DIM // 2
-        partner = (dim + half) % HEAD_DIM  # rotate-half: -x[d + half] | x[d - half]
-        sign = tl.where(dim < half, -1.0, 1.0)
+        # rotate-half: -x[d + HEAD_DIM / 2] for the first half, x[d - HEAD_DIM / 2] after
+        partner = (dim + HEAD_DIM // 2) % HEAD_DIM
+        sign = tl.where(dim < HEAD_DIM // 2, -1.0, 1.0)
         cos = tl.load(cos_ptr + row * table_stride + dim).to(tl.float32)
         sin = tl.load(sin_ptr + row * table_stride + dim).to(tl.float32)
         cache_dtype = key_ptr.dtype.element_ty

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from reasonctl.rollout.decode_attention import (
     decode_attention,
     default_splits,
+    processor_count,
     supports_fused_attention,
 )
 from reasonctl.rollout.decode_linear import MAX_ROWS, decode_linear
@@ -101,6 +102,7 @@ class DecodeForward:
         device = attention.q_proj.weight.device
         self.fused_attention = fused_kernels and supports_fused_attention(self.head_dim, device)
         """Attention (with rotary and the cache store) runs as one fused kernel."""
+        self.processors = processor_count(device)  # asked once, outside compiled code
         self.fused_linear = (fused_kernels and triton_available()
                              and (device.type == "cuda" or interpreting())
                              and getattr(config, "hidden_act", None) == "silu")
@@ -166,7 +168,7 @@ class DecodeForward:
         x = inner.embed_tokens(input_ids)
         cos, sin = self._rotary(positions, x.dtype)
         rows = torch.arange(batch, device=input_ids.device)
-        splits = default_splits(cache.slots, self.kv_heads, cache.max_len, x.device) \
+        splits = default_splits(cache.slots, self.kv_heads, cache.max_len, self.processors) \
             if self.fused_attention else 1
         if self.fused_linear and cache.slots <= MAX_ROWS:
             return self._fused_layers(x, cos, sin, positions, cache, splits, allowed)
