@@ -161,6 +161,29 @@ def test_two_processes_match_single_and_resume_in_one(reference: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.distributed
+def test_two_processes_with_background_checkpoints_resume_alike(reference: Path) -> None:
+    """``checkpoint.async_save`` with 2 processes: both ranks' shards are written by
+    background threads over their own gloo group, committed, and resume exactly."""
+    out = reference / "fsdp2-async"
+    launch(reference / "run.toml", out, "--set", "checkpoint.async_save=true")
+    assert_close_runs(out, reference / "single", range(1, STEPS + 1))
+    for step in (3, 6):
+        checkpoint = out / "checkpoints" / f"step_{step}"
+        assert (checkpoint / "manifest.json").is_file()
+        assert len(list((checkpoint / "state").glob("*.distcp"))) == 2
+    assert not list((out / "checkpoints").glob(".tmp-*"))
+
+    resumed = reference / "async-resumed-in-one"
+    result = run_in_process(
+        reference / "run.toml", f"run.output_dir={resumed}", "backend.name=single",
+        f"run.resume={json.dumps(str(out / 'checkpoints' / 'step_3'))}",
+    )
+    assert result.status == "completed"
+    assert_close_runs(resumed, out, range(4, STEPS + 1))
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_hsdp_replicas_match_single(reference: Path) -> None:
     out = reference / "hsdp"
     launch(reference / "run.toml", out, "--set", "backend.fsdp.dp_replicate=2")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +59,12 @@ class TorchBackend:
         self.grad_scale = 1.0
         """Multiplier on each micro-batch loss that undoes data-parallel gradient averaging."""
         self.reference_weights: ReferenceWeights | None = None
+        """Frozen copy of the starting weights (see :meth:`build_reference_model`)."""
         self.generation_model: torch.nn.Module | None = None
         """The module a colocated rollout engine may call directly (see ``Backend``)."""
-        """Frozen copy of the starting weights (see :meth:`build_reference_model`)."""
+        self._checkpoint_group: Any = None
+        """The gloo group background checkpoint writes coordinate over (created on first
+        use), so that they never interleave with the training's collectives."""
 
     # --- set-up ---------------------------------------------------------------------------
 
@@ -209,14 +213,29 @@ class TorchBackend:
 
     # --- checkpoints ----------------------------------------------------------------------
 
-    def save_checkpoint(self, directory: Path) -> None:
-        """Write model, optimizer and schedule state with torch DCP (all ranks call it)."""
+    def save_checkpoint(self, directory: Path, *, asynchronous: bool = False
+                        ) -> Future[Any] | None:
+        """Write model, optimizer and schedule state with torch DCP (all ranks call it).
+
+        With ``asynchronous`` the state is copied to host memory now and written by a
+        background thread (``dcp.async_save``); the returned future completes when it is
+        on disk.
+        """
         self._reshard()
         model_state, optim_state = get_state_dict(self._policy(), self._optimizer())
         state = {"model": model_state, "optimizer": optim_state,
                  "scheduler": self._scheduler().state_dict()}
+        distributed = dist.is_initialized()
+        if asynchronous:
+            if distributed and self._checkpoint_group is None:
+                self._checkpoint_group = dist.new_group(backend="gloo")
+            if not distributed:  # the notice comes from the writing thread, later
+                warnings.filterwarnings("ignore", message=_NO_PROCESS_GROUP_NOTICE)
+            return dcp.async_save(state, checkpoint_id=str(directory),
+                                  process_group=self._checkpoint_group, no_dist=not distributed)
         with _single_process_dcp_quiet():
-            dcp.save(state, checkpoint_id=str(directory), no_dist=not dist.is_initialized())
+            dcp.save(state, checkpoint_id=str(directory), no_dist=not distributed)
+        return None
 
     def load_checkpoint(self, directory: Path) -> None:
         """Restore state from :meth:`save_checkpoint` (written by any number of ranks)."""
@@ -264,6 +283,7 @@ class TorchBackend:
 
     def close(self) -> None:
         """Release the model and optimizer."""
+        self._checkpoint_group = None  # destroyed with the default group
         self.policy = self.hf_model = self.generation_model = None
         self.optimizer = self.scheduler = None
         self.reference_weights = None
@@ -294,9 +314,12 @@ class TorchBackend:
         return self.scheduler
 
 
+_NO_PROCESS_GROUP_NOTICE = r"torch\.distributed is (disabled|unavailable)"
+
+
 @contextlib.contextmanager
 def _single_process_dcp_quiet() -> Iterator[None]:
     """Silence DCP's notice that it runs without a process group (intended here)."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"torch\.distributed is (disabled|unavailable)")
+        warnings.filterwarnings("ignore", message=_NO_PROCESS_GROUP_NOTICE)
         yield

@@ -5,6 +5,12 @@ state under ``state/``, per-rank RNG states and ``manifest.json`` (step, config 
 algorithm state). It is written as ``.tmp-step_<N>`` and renamed only once complete, so a
 crash never leaves a directory that looks complete. Directories without a manifest are
 torn: they are skipped and reported.
+
+A backend may write its state in the background (``checkpoint.async_save``): its
+``write_state`` then returns a future once the state is staged in host memory, and
+training goes on. The checkpoint is committed (manifest, rename, pruning, ``on_commit``)
+by the main rank when the write has finished: polled after every step, and waited for
+before the next checkpoint starts and when the run ends. At most one write is in flight.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +39,21 @@ class CheckpointInfo:
     manifest: dict[str, Any]
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint's state could not be written (earlier checkpoints are intact)."""
+
+
+@dataclass
+class _PendingCheckpoint:
+    """A checkpoint whose state is being written in the background."""
+
+    step: int
+    tmp: Path
+    future: Future[Any]
+    manifest: dict[str, Any]
+    on_commit: Callable[[Path], None] | None
+
+
 class CheckpointManager:
     """Saves and finds checkpoints under ``root``; only the main rank touches the layout."""
 
@@ -43,37 +65,105 @@ class CheckpointManager:
         self.barrier = barrier
         self.rank = rank
         self.torn: list[Path] = []
+        self.pending: _PendingCheckpoint | None = None
+        """The checkpoint being written in the background, if any."""
+        self.last_committed: Path | None = None
+        """The newest checkpoint this manager committed (on every rank after :meth:`wait`)."""
 
     def step_dir(self, step: int) -> Path:
         """The final directory of the checkpoint at ``step``."""
         return self.root / f"step_{step}"
 
     def save(
-        self, step: int, write_state: Callable[[Path], None], manifest: dict[str, Any]
-    ) -> Path:
-        """Write a checkpoint collectively and return its final directory.
+        self,
+        step: int,
+        write_state: Callable[[Path], Future[Any] | None],
+        manifest: dict[str, Any],
+        *,
+        on_commit: Callable[[Path], None] | None = None,
+        before_state: Callable[[Path], None] | None = None,
+    ) -> Path | None:
+        """Write a checkpoint collectively (every rank calls it).
 
-        ``write_state(directory)`` is called on every rank (the backend's distributed save);
-        the main rank then writes the manifest, renames the directory and prunes old ones.
+        ``before_state(tmp_directory)`` (optional) runs first on every rank, e.g. to export
+        the model into the checkpoint; ``write_state(state_directory)`` is the backend's
+        distributed save. When it returns ``None`` the state is on disk: the main rank
+        writes the manifest, renames the directory and prunes old ones, calls
+        ``on_commit(final_directory)``, and the final directory is returned. When it
+        returns a future the write goes on in the background and ``None`` is returned;
+        the checkpoint is committed by :meth:`poll` or :meth:`wait`. A write still in
+        flight from an earlier call is waited for first.
         """
+        self.wait()
         tmp = self.root / f".tmp-step_{step}"
-        final = self.step_dir(step)
         if self.is_main:
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
         self.barrier()
-        write_state(tmp / "state")
+        if before_state is not None:
+            before_state(tmp)
         save_rng_state(tmp / f"rng_rank{self.rank}.pt")
+        future = write_state(tmp / "state")
+        if future is not None:
+            self.pending = _PendingCheckpoint(step, tmp, future, manifest, on_commit)
+            return None
         self.barrier()
-        if self.is_main:
-            payload = {"step": step, "saved_at": time.time(), **manifest}
-            (tmp / MANIFEST).write_text(json.dumps(payload, indent=2, default=str))
-            if final.exists():
-                shutil.rmtree(final)
-            tmp.rename(final)
-            self.prune()
+        final = self._commit(step, tmp, manifest, on_commit) if self.is_main else None
         self.barrier()
+        self.last_committed = self.step_dir(step)
+        return final or self.step_dir(step)
+
+    def poll(self) -> None:
+        """Commit the background write if it has finished well (main rank; not collective).
+
+        A finished write on the main rank means every rank's state is on disk: the
+        distributed save completes on the coordinating rank only after gathering every
+        rank's write results. A failed write is left for :meth:`wait` to report on every
+        rank."""
+        pending = self.pending
+        if (not self.is_main or pending is None or not pending.future.done()
+                or pending.future.exception() is not None):
+            return
+        self._commit(pending.step, pending.tmp, pending.manifest, pending.on_commit)
+        self.pending = None
+
+    def wait(self) -> None:
+        """Wait for a background write on every rank and commit it (collective: every
+        rank calls it at the same point, whether or not its write is still pending)."""
+        pending, self.pending = self.pending, None
+        error: CheckpointWriteError | None = None
+        if pending is not None:
+            try:
+                pending.future.result()
+            except Exception as exc:
+                error = CheckpointWriteError(
+                    f"writing the checkpoint of step {pending.step} to {pending.tmp} failed: "
+                    f"{type(exc).__name__}: {exc}. Earlier checkpoints are intact; check the "
+                    "disk (space, permissions) and resume from the newest complete one")
+                error.__cause__ = exc
+        self.barrier()
+        if error is not None:
+            raise error
+        if pending is not None:
+            if self.is_main:
+                self._commit(pending.step, pending.tmp, pending.manifest, pending.on_commit)
+            self.last_committed = self.step_dir(pending.step)
+        self.barrier()
+
+    def _commit(self, step: int, tmp: Path, manifest: dict[str, Any],
+                on_commit: Callable[[Path], None] | None) -> Path:
+        """Manifest, rename, prune and ``on_commit`` (main rank)."""
+        final = self.step_dir(step)
+        payload = {"step": step, "saved_at": time.time(), **manifest}
+        (tmp / MANIFEST).write_text(json.dumps(payload, indent=2, default=str))
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        self.prune()
+        self.last_committed = final
+        if on_commit is not None:
+            on_commit(final)
         return final
 
     def complete(self) -> list[CheckpointInfo]:

@@ -150,7 +150,12 @@ class CheckpointSection(Section):
 
     every_steps: int = Field(default=0, ge=0, description="0 disables periodic checkpoints.")
     keep: int = Field(default=2, gt=0)
-    async_save: bool = False
+    async_save: bool = Field(
+        default=False,
+        description="Copy the checkpoint state to host memory and write it in a background "
+        "thread while training goes on; it is committed (renamed, pruned, uploaded) once "
+        "written. The megatron backend always writes synchronously.",
+    )
     export_final: bool = True
     export_every_checkpoint: bool = False
     export_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

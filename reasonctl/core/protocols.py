@@ -13,6 +13,7 @@ Torch types appear only in annotations; this module does not import torch.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -116,8 +117,15 @@ class Backend(Protocol):
         """
         ...
 
-    def save_checkpoint(self, directory: Path) -> None:
-        """Save model, optimizer and schedule state (collectively, all ranks call it)."""
+    def save_checkpoint(self, directory: Path, *, asynchronous: bool = False
+                        ) -> Future[Any] | None:
+        """Save model, optimizer and schedule state (collectively, all ranks call it).
+
+        With ``asynchronous`` (only passed when ``checkpoint.async_save`` is on) a backend
+        may stage the state in host memory and write it in the background, returning a
+        future that completes when the files are written (on the coordinating rank: when
+        every rank's are); returning ``None`` means the state is already on disk.
+        """
         ...
 
     def load_checkpoint(self, directory: Path) -> None:

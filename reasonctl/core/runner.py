@@ -158,8 +158,9 @@ def run(
             loggers = _build_loggers(ctx)
         host.hooks.on_run_start(ctx)
         result.last_metrics = _loop(ctx, algorithm, loggers, uploader)
+        ctx.checkpoints.wait()  # a checkpoint still being written is committed now
         status = "interrupted" if ctx.state.get("stop_signal") else "completed"
-        result.checkpoint_dir = ctx.state.get("last_checkpoint")
+        result.checkpoint_dir = ctx.checkpoints.last_committed
         if status == "completed" and config.checkpoint.export_final:
             result.export_dir = _export(ctx, output_dir / "export" / "final", uploader)
     except BaseException as exc:
@@ -225,6 +226,7 @@ def _loop(ctx: RunContext, algorithm: Algorithm, loggers: list[Logger], uploader
                     logger.log(metrics, ctx.step)
             stop_now = _agreed_stop(ctx, stop)
             on_signal = stop_now and config.run.on_signal == "checkpoint"
+            ctx.checkpoints.poll()
             if (every and ctx.step % every == 0) or on_signal:
                 _save_checkpoint(ctx, algorithm, uploader)
             if stop_now:
@@ -253,22 +255,35 @@ def _agreed_stop(ctx: RunContext, stop: StopRequest) -> bool:
     return bool(flag.item() > 0)
 
 
-def _save_checkpoint(ctx: RunContext, algorithm: Algorithm, uploader: Any) -> Path:
+def _save_checkpoint(ctx: RunContext, algorithm: Algorithm, uploader: Any) -> Path | None:
+    """Save (or, with ``checkpoint.async_save``, start saving) a checkpoint of this step."""
     assert ctx.backend is not None and ctx.checkpoints is not None
     manifest = {
         "config_hash": config_hash(ctx.config),
         "algorithm": algorithm.state_dict(),
         "world_size": ctx.backend.world_size,
     }
-    path = ctx.checkpoints.save(ctx.step, ctx.backend.save_checkpoint, manifest)
-    ctx.state["last_checkpoint"] = path
-    if ctx.config.checkpoint.export_every_checkpoint:
-        _export(ctx, path / "export", None)
-    if ctx.is_main:
-        ctx.hooks.on_checkpoint_saved(ctx, ctx.step, path)
+    backend, step = ctx.backend, ctx.step
+    asynchronous = ctx.config.checkpoint.async_save
+
+    def write_state(directory: Path) -> Any:
+        if asynchronous:
+            return backend.save_checkpoint(directory, asynchronous=True)
+        backend.save_checkpoint(directory)
+        return None
+
+    def committed(path: Path) -> None:  # on the main rank
+        ctx.hooks.on_checkpoint_saved(ctx, step, path)
         if uploader is not None and ctx.config.checkpoint.upload_when == "every":
             uploader.submit(path, f"checkpoints/{path.name}")
-    return path
+
+    def export_into(directory: Path) -> None:
+        _export(ctx, directory / "export", None)
+
+    return ctx.checkpoints.save(
+        step, write_state, manifest, on_commit=committed if ctx.is_main else None,
+        before_state=export_into if ctx.config.checkpoint.export_every_checkpoint else None,
+    )
 
 
 def _export(ctx: RunContext, directory: Path, uploader: Any) -> Path:

@@ -117,6 +117,7 @@ class MegatronBackend:
         self.tconfig: Any = None
         self.optimizer: Any = None
         self.steps_done = 0
+        self._said_sync_saves = False
         self.parameter_counts = ParameterCounts(0, 0)
         self.reference_weights: ReferenceWeights | None = None
         self._owns_process_group = False
@@ -482,8 +483,15 @@ class MegatronBackend:
 
     # --- checkpoints ----------------------------------------------------------------------
 
-    def save_checkpoint(self, directory: Path) -> None:
-        """Write model, optimizer and step count with megatron dist_checkpointing."""
+    def save_checkpoint(self, directory: Path, *, asynchronous: bool = False) -> None:
+        """Write model, optimizer and step count with megatron dist_checkpointing.
+
+        Always synchronous: ``asynchronous`` is accepted (``checkpoint.async_save``) and
+        the state is on disk when this returns."""
+        if asynchronous and not self._said_sync_saves and self.is_main:
+            self._said_sync_saves = True
+            self._ctx().info("checkpoint.async_save: the megatron backend writes "
+                             "checkpoints synchronously")
         checkpoint.save_state(directory, self.chunks, self._optimizer(),
                               {"steps_done": self.steps_done})
 
