@@ -134,3 +134,20 @@ def test_resume_from_background_checkpoints_matches_the_uninterrupted_run(
         assert second.by_step[step] == reference_losses.by_step[step], step
     assert_same_weights(tmp_path / "split" / "export" / "final",
                         tmp_path / "whole" / "export" / "final")
+
+
+def test_every_checkpoint_exported_into_its_directory(tmp_path: Path) -> None:
+    from test_resume import STEPS, assert_same_weights, config, samples
+
+    from reasonctl.sdk.api import run
+
+    values = config(tmp_path)
+    values["checkpoint"] = {"every_steps": 4, "keep": 3, "async_save": True,
+                            "export_every_checkpoint": True}
+    result = run(values, datasets=samples())
+    assert result.status == "completed"
+    checkpoints = tmp_path / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_4", f"step_{STEPS}"]
+    for step in (4, STEPS):
+        assert (checkpoints / f"step_{step}" / "export" / "config.json").is_file()
+    assert_same_weights(checkpoints / f"step_{STEPS}" / "export", tmp_path / "export" / "final")
