@@ -99,8 +99,14 @@ def test_continuous_batching_gives_the_outputs_of_one_big_batch(
         narrow = HFRolloutEngine(model, tokenizer, eos_token_ids=[eos], max_batch_size=slots)
         assert _ids(narrow.generate(_inputs(prompts), params)) == _ids(big)
     dynamic = HFRolloutEngine(model, tokenizer, eos_token_ids=[eos], decode="dynamic")
-    assert _ids(dynamic.generate(_inputs(prompts), params)) == _ids(big)
+    by_dynamic = dynamic.generate(_inputs(prompts), params)
+    assert _ids(by_dynamic) == _ids(big)
     assert dynamic.last_stats.decode == "dynamic"
+    for static_group, dynamic_group in zip(big, by_dynamic, strict=True):
+        for got, want in zip(static_group, dynamic_group, strict=True):
+            assert got.finish_reason == want.finish_reason
+            assert len(got.logprobs) == len(got.token_ids)
+            assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
 
 
 def test_live_rows_move_to_a_smaller_bucket(model: Any, tokenizer: Any,

@@ -327,25 +327,43 @@ class _Run:
         """Hand the window's tokens to their rows (one device-to-host copy); return the
         slots whose rows finished."""
         b = self.buffers
+        # a row's valid entries are a prefix of the window (done rows stay done);
         # float64 holds token ids and float32 log-probs exactly
-        host = torch.stack([b.window_tokens[:batch, :steps].double(),
-                            b.window_logprobs[:batch, :steps].double(),
-                            b.window_valid[:batch, :steps].double()]).tolist()
+        counts = b.window_valid[:batch, :steps].sum(dim=1, keepdim=True)
+        host = torch.cat([b.window_tokens[:batch, :steps].double(),
+                          b.window_logprobs[:batch, :steps].double(), counts.double()],
+                         dim=1).tolist()
         freed = []
         for slot in range(batch):
             if self.occupant[slot] is None:
                 continue
             seq = self._seq(slot)
-            for col in range(steps):
-                if not host[2][slot][col]:
-                    break
-                self._append(seq, int(host[0][slot][col]), host[1][slot][col])
-                if seq.finish is not None:
-                    break
+            row = host[slot]
+            valid = int(row[-1])
+            self._extend(seq, [int(t) for t in row[:valid]], row[steps : steps + valid])
             if seq.finish is not None:
                 self.occupant[slot] = None
                 freed.append(slot)
         return freed
+
+    def _extend(self, seq: GeneratingRow, tokens: list[int], logprobs: list[float]) -> None:
+        """Append a window's tokens to ``seq`` up to where it finishes."""
+        if self.stops:  # stop strings are checked on the text after every token
+            for token, logprob in zip(tokens, logprobs, strict=True):
+                self._append(seq, token, logprob)
+                if seq.finish is not None:
+                    return
+            return
+        end = min(len(tokens), self.params.max_new_tokens - len(seq.ids))
+        stop_at = next((i for i in range(end) if tokens[i] in self.eos_set), None)
+        if stop_at is not None:
+            end = stop_at + 1
+        seq.ids.extend(tokens[:end])
+        seq.logprobs.extend(logprobs[:end])
+        if stop_at is not None:
+            seq.finish = "stop"
+        elif len(seq.ids) >= self.params.max_new_tokens:
+            seq.finish = "length"
 
     def _append(self, seq: GeneratingRow, token: int, logprob: float) -> None:
         seq.ids.append(token)
