@@ -38,6 +38,7 @@ from reasonctl.core.types import Completion, SamplingParams
 from reasonctl.rollout.buckets import DEFAULT_GRAPH_BATCH_SIZES, pick_bucket
 from reasonctl.rollout.cuda_graphs import DecodeGraphs
 from reasonctl.rollout.decode_forward import DecodeForward, supports_decode_forward
+from reasonctl.rollout.race_sampling import race_sample, supports_race_sample
 from reasonctl.rollout.sampling import exponential_race, sample_tokens
 from reasonctl.rollout.slot_cache import SlotKVCache
 from reasonctl.rollout.stopping import Decode, StopMatcher
@@ -100,7 +101,8 @@ class StaticDecoder:
     captured CUDA graph. ``compile_decode`` compiles the decode step and the sampler with
     ``torch.compile`` (one compilation for every bucket, paid on the first call).
     ``fused_kernels`` lets the dedicated decode step use its fused Triton kernels where they
-    run (CUDA with Triton installed). The
+    run (CUDA with Triton installed), and plain sampling (no top-k/top-p) the two-kernel
+    sampler of :mod:`reasonctl.rollout.race_sampling`. The
     cache and buffers, kept in the compute dtype, grow when a call needs more slots or a
     longer sequence, and are otherwise kept.
     """
@@ -272,6 +274,10 @@ class _Run:
         self.eos_set = set(decoder.eos_token_ids)
         self.stops = StopMatcher(params.stop, decoder.decode)
         self.pending = deque(range(len(sequences)))
+        # the two-kernel sampler for plain sampling (no top-k/top-p, temperature > 0)
+        self.fused_sampling = (decoder.fused_kernels and params.temperature > 0
+                               and params.top_k <= 0 and params.top_p >= 1.0
+                               and supports_race_sample(self.device))
         self.occupant: list[int | None] = [None] * slots
 
     def execute(self) -> None:
@@ -303,10 +309,14 @@ class _Run:
     def _sample(self, batch: int, col: int) -> None:
         b = self.buffers
         params = self.params
-        tokens, logprobs = sample_tokens(
-            b.logits[:batch], temperature=params.temperature, top_k=params.top_k,
-            top_p=params.top_p, generator=self.generator, race=self.decoder.race,
-        )
+        if self.fused_sampling:
+            seed = torch.randint(0, 2**62, (1,), device=self.device, generator=self.generator)
+            tokens, logprobs = race_sample(b.logits[:batch], params.temperature, seed)
+        else:
+            tokens, logprobs = sample_tokens(
+                b.logits[:batch], temperature=params.temperature, top_k=params.top_k,
+                top_p=params.top_p, generator=self.generator, race=self.decoder.race,
+            )
         live = ~b.done[:batch]
         b.window_tokens[:batch, col] = tokens
         b.window_logprobs[:batch, col] = logprobs

@@ -1,0 +1,142 @@
+"""Sampling one token per row in two Triton kernels, the noise drawn inside them.
+
+:func:`reasonctl.rollout.sampling.exponential_race` samples with Exp(1) noise the size of
+the logits, drawn by a separate kernel and read back: at a batch of 64 over a 152k
+vocabulary that is 39 MB written and read again every decode step, plus the reductions.
+:func:`race_sample` draws the same kind of sample (the argmax of ``logits / T`` plus Gumbel
+noise, i.e. the exponential race) with counter-based random numbers generated where they
+are used, from a seed held in a device tensor, and takes the log-sum-exp in the same pass:
+
+1. ``partial``: one program per (row, chunk of the vocabulary) keeps the chunk's best
+   perturbed score and its index, and an online log-sum-exp of ``logits / T``.
+2. ``combine``: one program per row picks the best chunk (the lowest index among equal
+   scores) and the token's log-probability under the temperature-scaled distribution.
+
+The random stream is a function of the seed and the (row, token) position only, so a
+seed repeats a draw exactly. Triton is imported by :func:`_kernels` on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from reasonctl.rollout.triton_support import interpreting, next_power_of_two, triton_available
+
+CHUNK = 4096  # vocabulary entries per program of the first kernel
+BLOCK = 1024  # entries per step of a program's loop
+
+
+def supports_race_sample(device: torch.device) -> bool:
+    """True when :func:`race_sample` runs on ``device`` (CUDA, or Triton's interpreter)."""
+    return (device.type == "cuda" or interpreting()) and triton_available()
+
+
+def race_sample(logits: torch.Tensor, temperature: float, seed: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sampled token per row of ``logits`` (``[B, V]``) at ``temperature`` (> 0).
+
+    ``seed`` is a one-element integer tensor on the logits' device (read by the kernels,
+    so a captured graph can advance it). Returns ``(tokens, logprobs)``: ``[B]`` int64 and
+    ``[B]`` float32, the log-probabilities under ``softmax(logits / temperature)``.
+    """
+    if logits.dim() != 2 or logits.stride(1) != 1:
+        raise ValueError(f"race_sample: logits must be [B, V] with contiguous rows, got "
+                         f"shape {list(logits.shape)}")
+    if not temperature > 0:
+        raise ValueError(f"race_sample: temperature must be positive, got {temperature}")
+    if seed.numel() != 1 or seed.dtype not in (torch.int32, torch.int64):
+        raise ValueError("race_sample: seed must be a one-element integer tensor")
+    rows, vocab = logits.shape
+    if vocab >= 2**24:  # token indices pass through float32 between the kernels
+        raise ValueError(f"race_sample: vocabularies of at most 2**24 entries, got {vocab}")
+    tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    logprobs = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    if rows == 0:
+        return tokens, logprobs
+    chunks = -(-vocab // CHUNK)
+    best = torch.empty((4, rows, chunks), dtype=torch.float32, device=logits.device)
+    partial, combine = _kernels()
+    partial[(rows, chunks)](logits, seed, best, logits.stride(0), vocab, chunks,
+                            1.0 / temperature, CHUNK=CHUNK, BLOCK=min(BLOCK, CHUNK),
+                            num_warps=4)
+    combine[(rows,)](logits, best, tokens, logprobs, logits.stride(0), chunks,
+                     1.0 / temperature, CHUNKS_PAD=max(2, next_power_of_two(chunks)),
+                     num_warps=1)
+    return tokens, logprobs
+
+
+@functools.cache
+def _kernels() -> tuple[Any, Any]:
+    """The Triton kernels, defined on first use (``TRITON_INTERPRET`` is read then)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def partial(logits_ptr, seed_ptr, best_ptr, row_stride, vocab, chunks, inverse_t,
+                CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        chunk = tl.program_id(1)
+        seed = tl.load(seed_ptr)
+        offsets = tl.arange(0, BLOCK)
+        best_score = tl.full((BLOCK,), float("-inf"), tl.float32)
+        best_index = tl.zeros((BLOCK,), tl.int32)
+        running_max = tl.full((BLOCK,), float("-inf"), tl.float32)
+        running_sum = tl.zeros((BLOCK,), tl.float32)
+        start = chunk * CHUNK
+        for block in range(start, start + CHUNK, BLOCK):
+            index = block + offsets
+            valid = index < vocab
+            x = tl.load(logits_ptr + row.to(tl.int64) * row_stride + index, mask=valid,
+                        other=float("-inf")).to(tl.float32) * inverse_t
+            uniform = tl.rand(seed, row.to(tl.int64) * vocab + index)
+            # Gumbel noise -log(-log(u)): the argmax of x + noise samples softmax(x)
+            score = tl.where(valid, x - tl.log(-tl.log(uniform)), float("-inf"))
+            better = score > best_score
+            best_score = tl.where(better, score, best_score)
+            best_index = tl.where(better, index, best_index)
+            new_max = tl.maximum(running_max, x)
+            scale = tl.where(new_max == float("-inf"), 0.0, tl.exp(running_max - new_max))
+            term = tl.where(valid, tl.exp(x - new_max), 0.0)
+            running_sum = running_sum * scale + term
+            running_max = new_max
+        # reduce the lanes: best score (lowest index on ties), then log-sum-exp parts
+        top = tl.max(best_score, axis=0)
+        top_index = tl.min(tl.where(best_score == top, best_index, 2147483647), axis=0)
+        peak = tl.max(running_max, axis=0)
+        total = tl.sum(tl.where(running_max == float("-inf"), 0.0,
+                                running_sum * tl.exp(running_max - peak)), axis=0)
+        at = row * chunks + chunk
+        plane = tl.num_programs(0) * chunks
+        tl.store(best_ptr + at, top)
+        tl.store(best_ptr + plane + at, top_index.to(tl.float32))
+        tl.store(best_ptr + 2 * plane + at, peak)
+        tl.store(best_ptr + 3 * plane + at, total)
+
+    @triton.jit
+    def combine(logits_ptr, best_ptr, tokens_ptr, logprobs_ptr, row_stride, chunks,
+                inverse_t, CHUNKS_PAD: tl.constexpr):
+        row = tl.program_id(0)
+        rows = tl.num_programs(0)
+        chunk = tl.arange(0, CHUNKS_PAD)
+        valid = chunk < chunks
+        at = row * chunks + chunk
+        plane = rows * chunks
+        score = tl.load(best_ptr + at, mask=valid, other=float("-inf"))
+        index = tl.load(best_ptr + plane + at, mask=valid, other=0.0)
+        peak = tl.load(best_ptr + 2 * plane + at, mask=valid, other=float("-inf"))
+        total = tl.load(best_ptr + 3 * plane + at, mask=valid, other=0.0)
+        top = tl.max(score, axis=0)
+        first = tl.min(tl.where(score == top, chunk, CHUNKS_PAD), axis=0)
+        token = tl.sum(tl.where(chunk == first, index, 0.0), axis=0).to(tl.int64)
+        overall = tl.max(peak, axis=0)
+        lse = overall + tl.log(tl.sum(tl.where(peak == float("-inf"), 0.0,
+                                               total * tl.exp(peak - overall)), axis=0))
+        chosen = tl.load(logits_ptr + row.to(tl.int64) * row_stride + token).to(tl.float32) \
+            * inverse_t
+        tl.store(tokens_ptr + row, token)
+        tl.store(logprobs_ptr + row, chosen - lse)
+
+    return partial, combine
