@@ -7,9 +7,11 @@ rows, bf16, on CUDA:
   store, attention bounded by each row's length) at several ``splits`` against the stock
   path it replaces (rotary, indexed cache stores, SDPA over the whole cache with a mask),
   for rows of mixed lengths up to ``--max-len``;
-- matmuls (when :mod:`reasonctl.rollout.decode_linear` is present): each projection of a
-  layer and the output head, the fused small-batch kernel (with its norm / SwiGLU /
-  residual fusions) against ``F.linear`` plus the separate elementwise kernels.
+- matmuls: each projection of a layer and the output head, the fused small-batch kernel
+  (with its norm / SwiGLU / residual fusions) against ``F.linear`` plus the separate
+  elementwise kernels;
+- sampling: :func:`reasonctl.rollout.race_sampling.race_sample` against drawing the noise
+  and running :func:`reasonctl.rollout.sampling.exponential_race`, eager and compiled.
 
 Each variant is first checked against the reference, then timed as a CUDA graph of
 ``--repeat`` calls (so launch overhead is that of a decode step's graph), median of
@@ -134,10 +136,8 @@ def attention_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def linear_bench(args: argparse.Namespace) -> dict[str, Any]:
     """The fused small-batch matmul kernel against F.linear plus separate elementwise ops."""
-    try:
-        from reasonctl.rollout.decode_linear import decode_linear, decode_linear_reference
-    except ImportError:
-        return {}
+    from reasonctl.rollout.decode_linear import decode_linear, decode_linear_reference
+
     hidden, ffn, heads, kv_heads, vocab = SHAPES[args.size]
     head_dim = hidden // heads
     batch, device, dtype = args.batch, torch.device("cuda"), torch.bfloat16
@@ -190,6 +190,37 @@ def linear_bench(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def sampling_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """The two-kernel sampler against noise + exponential race, eager and compiled."""
+    from reasonctl.rollout.race_sampling import race_sample
+    from reasonctl.rollout.sampling import exponential_race
+
+    vocab = SHAPES[args.size][4]
+    device = torch.device("cuda")
+    gen = torch.Generator(device).manual_seed(3)
+    logits = torch.randn(args.batch, vocab, device=device, generator=gen).bfloat16()
+    seed = torch.tensor([17], device=device)
+    compiled_race = torch.compile(exponential_race, dynamic=True)
+
+    def stock(race: Any) -> Any:
+        noise = torch.empty(logits.shape, dtype=torch.float32, device=device)
+        noise.exponential_()
+        return race(logits, noise, 1.0)
+
+    tokens, logprobs = race_sample(logits, 1.0, seed)
+    expected = torch.log_softmax(logits.float(), -1).gather(1, tokens.unsqueeze(1)).squeeze(1)
+    row = {
+        "max_logprob_error": float((logprobs - expected).abs().max()),
+        "stock_eager_us": time_graph(lambda: stock(exponential_race), args.repeat, args.trials),
+        "stock_compiled_us": time_graph(lambda: stock(compiled_race), args.repeat,
+                                        args.trials),
+        "fused_us": time_graph(lambda: race_sample(logits, 1.0, seed), args.repeat,
+                               args.trials),
+    }
+    log(f"sampling: {row}")
+    return row
+
+
 def main() -> None:
     """Time each kernel and print the comparison."""
     args = parse_args()
@@ -200,6 +231,7 @@ def main() -> None:
     with torch.inference_mode():
         summary["attention"] = attention_bench(args)
         summary["linear"] = linear_bench(args)
+        summary["sampling"] = sampling_bench(args)
     emit(summary)
 
 
