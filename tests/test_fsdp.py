@@ -190,7 +190,7 @@ def test_hsdp_replicas_match_single(reference: Path) -> None:
     assert_close_runs(out, reference / "single", range(1, STEPS + 1))
 
 
-def test_vision_language_model_shards_its_vision_blocks_too(tmp_path: Path) -> None:
+def test_vision_language_model_shards_and_packs_its_samples(tmp_path: Path) -> None:
     from data_factories import write_png
 
     from reasonctl.core.plugins import hookimpl
@@ -216,11 +216,13 @@ def test_vision_language_model_shards_its_vision_blocks_too(tmp_path: Path) -> N
             self.values.append(metrics["loss"])
 
     curves = {}
-    for backend in ("single", "fsdp"):
+    for label, backend, packing in (("single", "single", False), ("fsdp", "fsdp", False),
+                                    ("packed", "single", True)):
         losses = Losses()
         result = sdk_run({
-            "run": {"output_dir": str(tmp_path / backend)},
+            "run": {"output_dir": str(tmp_path / label)},
             "model": {"name_or_path": str(model_dir), "max_length": 512},
+            "data": {"packing": packing},
             "train": {"lr": 1e-2, "max_steps": 3, "global_batch_size": 4,
                       "micro_batch_size": 2},
             "backend": {"name": backend, "device": "cpu"},
@@ -228,5 +230,7 @@ def test_vision_language_model_shards_its_vision_blocks_too(tmp_path: Path) -> N
             "checkpoint": {"export_final": False},
         }, datasets=samples, plugins=[losses])
         assert result.status == "completed"
-        curves[backend] = losses.values
+        curves[label] = losses.values
     assert curves["fsdp"] == pytest.approx(curves["single"], rel=1e-4)
+    # packed image samples train as the padded ones do
+    assert curves["packed"] == pytest.approx(curves["single"], rel=1e-4)

@@ -172,7 +172,7 @@ def test_packed_batch_loss_equals_unpacked_loss(tiny_tokenizer, tiny_model_dir, 
     assert not torch.allclose(crossing, unpacked, atol=1e-3)
 
 
-def test_collate_lays_out_per_token_extras_and_refuses_packed_media():
+def test_collate_lays_out_per_token_extras_packed_or_not():
     image = EncodedSample(
         [1, 7, 7, 2], [0, 0, 0, 1],
         extras={"pixel_values": torch.ones(8, 3), "image_grid_thw": torch.tensor([[1, 2, 4]]),
@@ -183,5 +183,10 @@ def test_collate_lays_out_per_token_extras_and_refuses_packed_media():
     assert batch["mm_token_type_ids"].tolist() == [[0, 0, 0, 0], [0, 1, 1, 0]]
     assert batch["pixel_values"].shape == (8, 3)
     assert batch["image_grid_thw"].tolist() == [[1, 2, 4]]
-    with pytest.raises(ValueError, match="data.packing = false"):
-        collate([text, image], pad_id=0, pack=True)
+    packed = collate([text, image, text], pad_id=0, pack=True)
+    assert packed["input_ids"].tolist() == [[1, 2, 1, 7, 7, 2, 1, 2]]
+    assert packed["position_ids"].tolist() == [[0, 1, 0, 1, 2, 3, 0, 1]]
+    assert packed["mm_token_type_ids"].tolist() == [[0, 0, 0, 1, 1, 0, 0, 0]]
+    assert packed["loss_mask"].tolist() == [[0, 1, 0, 0, 0, 1, 0, 1]]
+    assert packed["image_grid_thw"].tolist() == [[1, 2, 4]]
+    assert packed["pixel_values"].shape == (8, 3)

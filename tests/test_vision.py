@@ -147,3 +147,46 @@ def test_tiny_vl_model_learns_image_and_video_samples(tiny_vl_dir, tmp_path):
         optimizer.step()
         losses.append(value.item())
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_packed_images_videos_and_text_give_the_log_probs_of_a_padded_batch(
+        tiny_vl_dir, tmp_path, monkeypatch):
+    """Each sample of a packed row gets its own 3D rotary positions and attends only to
+    itself, so its log-probs equal those it has in a padded batch."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from reasonctl.backends import token_logprobs
+    from reasonctl.backends.token_logprobs import TokenLogprobModel
+
+    torch.manual_seed(0)
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        tiny_vl_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    processor = ChatProcessor.from_pretrained(tiny_vl_dir, max_length=512)
+    image = write_png(tmp_path / "img.png", (56, 84), seed=1)
+    other = write_png(tmp_path / "other.png", (70, 56), seed=2)
+    video = write_tiny_mp4(tmp_path / "clip.mp4", frames=8, fps=4, size=(32, 48))
+    text_only = Sample([Message("user", [ContentPart("text", text="Say hi")]),
+                        Message("assistant", [ContentPart("text", text="hi there")])])
+    samples = [processor.encode_sft(s) for s in (
+        media_sample("image", image, "a noisy picture"), text_only,
+        media_sample("video", video, "a fading clip", fps=2),
+        media_sample("image", other, "another one"))]
+    wrapped = TokenLogprobModel(model)
+    with torch.no_grad():
+        padded = collate(samples, processor.pad_id)
+        expected = wrapped(padded)[0]
+        packed = collate(samples, processor.pad_id, pack=True)
+        got = wrapped(packed)[0][0]
+        # with text positions on all three rotary axes the media samples come out wrong
+        text = packed["position_ids"]
+        monkeypatch.setattr(token_logprobs, "packed_rope_positions",
+                            lambda decoder, batch: text.unsqueeze(0).expand(4, 1, -1))
+        flat = wrapped(packed)[0][0]
+    assert not torch.allclose(flat, got, atol=1e-3)
+    start = 0
+    for row, sample in enumerate(samples):
+        length = len(sample.input_ids)
+        targets = torch.tensor(sample.loss_mask[1:], dtype=torch.bool)
+        torch.testing.assert_close(got[start : start + length - 1][targets],
+                                   expected[row, : length - 1][targets], atol=1e-4, rtol=1e-4)
+        start += length

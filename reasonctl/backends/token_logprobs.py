@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from reasonctl.backends.lm_head import linear_token_logprobs
+from reasonctl.models.packed_positions import is_packed_media_batch, packed_rope_positions
 
 DEFAULT_CHUNK_TOKENS = 2048
 
@@ -59,10 +60,13 @@ class TokenLogprobModel(nn.Module):
         """Log-probs and entropy (``None`` unless asked) of ``batch["input_ids"][:, 1:]``."""
         if temperature <= 0:
             raise ValueError(f"temperature must be positive (got {temperature})")
+        decoder = decoder_of(self.hf_model)
         inputs = {k: v for k, v in batch.items() if k in self._input_names}
         if "use_cache" in self._input_names:
             inputs["use_cache"] = False
-        hidden = decoder_of(self.hf_model)(**inputs).last_hidden_state
+        if is_packed_media_batch(batch):  # per-sample 3D rotary positions
+            inputs["position_ids"] = packed_rope_positions(decoder, batch)
+        hidden = decoder(**inputs).last_hidden_state
         head = self.hf_model.get_output_embeddings()
         outputs = chunked_token_logprobs(
             hidden[:, :-1],

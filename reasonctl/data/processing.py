@@ -394,21 +394,16 @@ def collate(
     samples would attend to each other. The first token of each sample is never a target,
     so no position learns to predict across a sample boundary.
 
-    Vision ``extras`` are concatenated along dimension 0; per-token extras
-    (``mm_token_type_ids``) are laid out like ``input_ids`` (zeros for padding and for
-    text-only samples). Every key except ``loss_mask`` is a model input. Packing samples
-    with images or videos is not supported (their 3D rotary positions would have to be
-    computed per sample); it raises ``ValueError``.
+    Vision ``extras`` are concatenated along dimension 0 (in sample order, packed or
+    not); per-token extras (``mm_token_type_ids``) are laid out like ``input_ids`` (zeros
+    for padding and for text-only samples). Every key except ``loss_mask`` is a model
+    input. A packed row with images or videos keeps text ``position_ids``; the model's 3D
+    rotary positions are derived per sample when it runs
+    (:mod:`reasonctl.models.packed_positions`).
     """
     if not samples:
         raise ValueError("collate() needs at least one sample")
-    has_media = any(s.extras for s in samples)
     if pack:
-        if has_media:
-            raise ValueError(
-                "packing samples with images or videos is not supported; set "
-                "data.packing = false for vision-language data"
-            )
         input_ids: list[int] = []
         position_ids: list[int] = []
         loss_mask: list[int] = []
@@ -416,11 +411,18 @@ def collate(
             input_ids += sample.input_ids
             position_ids += range(len(sample.input_ids))
             loss_mask += [0, *sample.loss_mask[1:]] if sample.loss_mask else []
-        return {
+        packed = {
             "input_ids": torch.tensor([input_ids], dtype=torch.long),
             "position_ids": torch.tensor([position_ids], dtype=torch.long),
             "loss_mask": torch.tensor([loss_mask], dtype=torch.long),
         }
+        for key in sorted({k for s in samples for k in s.extras if k in PER_TOKEN_EXTRAS}):
+            packed[key] = torch.cat([
+                s.extras[key] if key in s.extras
+                else torch.zeros(len(s.input_ids), dtype=torch.long)
+                for s in samples
+            ]).unsqueeze(0)
+        return {**packed, **_stacked_extras(samples)}
     width = max(len(s.input_ids) for s in samples)
     shape = (len(samples), width)
     batch = {
@@ -439,10 +441,14 @@ def collate(
         for key in per_token:
             if key in sample.extras:
                 batch[key][row, :length] = sample.extras[key]
-    stacked = sorted({k for s in samples for k in s.extras if k not in PER_TOKEN_EXTRAS})
-    for key in stacked:
-        batch[key] = torch.cat([s.extras[key] for s in samples if key in s.extras], dim=0)
-    return batch
+    return {**batch, **_stacked_extras(samples)}
+
+
+def _stacked_extras(samples: Sequence[EncodedSample]) -> dict[str, torch.Tensor]:
+    """Vision extras of every sample concatenated along dimension 0, in sample order."""
+    keys = sorted({k for s in samples for k in s.extras if k not in PER_TOKEN_EXTRAS})
+    return {key: torch.cat([s.extras[key] for s in samples if key in s.extras], dim=0)
+            for key in keys}
 
 
 def _where(sample: Sample) -> str:
