@@ -184,6 +184,52 @@ def test_two_processes_with_background_checkpoints_resume_alike(reference: Path)
 
 @pytest.mark.slow
 @pytest.mark.distributed
+def test_tensor_parallel_pair_matches_single_and_resumes_in_one(reference: Path) -> None:
+    """``backend.fsdp.tp = 2``: two processes each hold half of every block's heads and
+    MLP channels (DTensor), follow the single-process curve, and their checkpoint
+    resumes in one process."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    out = reference / "tp2"
+    launch(reference / "run.toml", out, "--set", "backend.fsdp.tp=2")
+    assert_close_runs(out, reference / "single", range(1, STEPS + 1))
+    # the output projection is split by input features (row-wise), the query by output
+    # features: what tensor parallelism stores, unlike FSDP's row shards
+    metadata = FileSystemReader(str(out / "checkpoints" / "step_3" / "state")).read_metadata()
+    layer = "model.hf_model.model.layers.0."
+    o_proj = metadata.state_dict_metadata[layer + "self_attn.o_proj.weight"]
+    q_proj = metadata.state_dict_metadata[layer + "self_attn.q_proj.weight"]
+    assert sorted(tuple(c.offsets) for c in o_proj.chunks) == [(0, 0), (0, 32)]
+    assert sorted(tuple(c.offsets) for c in q_proj.chunks) == [(0, 0), (32, 0)]
+    resumed = reference / "tp2-resumed-in-one"
+    result = run_in_process(
+        reference / "run.toml", f"run.output_dir={resumed}", "backend.name=single",
+        f"run.resume={json.dumps(str(out / 'checkpoints' / 'step_3'))}",
+    )
+    assert result.status == "completed"
+    assert_close_runs(resumed, out, range(4, STEPS + 1))
+
+
+def test_tensor_parallel_sizes_are_checked() -> None:
+    from transformers import Qwen2_5_VLConfig, Qwen2Config
+
+    from reasonctl.backends.tensor_parallel import check_tensor_parallel
+    from reasonctl.core.errors import ConfigError
+
+    config = Qwen2Config(num_attention_heads=6, num_key_value_heads=3, intermediate_size=102,
+                         hidden_size=96)
+    check_tensor_parallel(config, 1)
+    with pytest.raises(ConfigError) as error:
+        check_tensor_parallel(config, 4)
+    message = str(error.value)
+    for name in ("num_attention_heads (6)", "num_key_value_heads (3)", "intermediate_size (102)"):
+        assert name in message
+    with pytest.raises(ConfigError, match="text decoders only"):
+        check_tensor_parallel(Qwen2_5_VLConfig(), 2)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_hsdp_replicas_match_single(reference: Path) -> None:
     out = reference / "hsdp"
     launch(reference / "run.toml", out, "--set", "backend.fsdp.dp_replicate=2")

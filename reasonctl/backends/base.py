@@ -168,13 +168,22 @@ class TorchBackend:
         params = [p for p in self._policy().parameters() if p.grad is not None]
         if not params:
             return torch.zeros((), device=self.device)
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-        if hasattr(norm, "full_tensor"):  # DTensor gradients (FSDP)
-            norm = norm.full_tensor()
+        # DTensor gradients (FSDP, tensor parallel) on different meshes are handled per mesh
+        by_mesh: dict[Any, list[torch.Tensor]] = {}
+        for param in params:
+            by_mesh.setdefault(getattr(param.grad, "device_mesh", None), []).append(param)
+        squares = torch.zeros((), dtype=torch.float32, device=self.device)
+        for group in by_mesh.values():
+            part = torch.nn.utils.get_total_norm([p.grad for p in group], foreach=True)
+            if hasattr(part, "full_tensor"):
+                part = part.full_tensor()
+            squares = squares + part.float().pow(2)
+        norm = squares.sqrt()
         max_norm = self._ctx().config.train.max_grad_norm
         if max_norm > 0 and torch.isfinite(norm):
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
-        return norm.detach().float()
+            for group in by_mesh.values():
+                torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
+        return norm
 
     # --- metrics and collectives ------------------------------------------------------------
 

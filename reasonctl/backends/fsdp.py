@@ -8,14 +8,24 @@ transformer block (the classes in the model's ``_no_split_modules``) and then th
 broadcast the weights from rank 0 into them.
 
 The device mesh is ``dp_shard`` (FSDP) or ``dp_replicate x dp_shard`` (HSDP: replicas of a
-sharded group, e.g. one replica per node). Mixed precision keeps float32 shards and
-computes in ``model.dtype`` with float32 gradient reduction.
+sharded group, e.g. one replica per node), with a trailing ``tp`` dimension when
+``backend.fsdp.tp > 1``: the query/key/value, gate and up projections of every decoder
+block are split by output features and the output and down projections by input
+features over the ``tp`` ranks (DTensor tensor parallelism, applied before FSDP), so each
+rank holds ``heads / tp`` attention heads. Embeddings, norms and the output head stay
+whole on each tensor-parallel rank. Mixed precision keeps float32 shards and computes in
+``model.dtype`` with float32 gradient reduction.
+
+Ranks: ``rank`` / ``world_size`` are the **data-parallel** coordinates (algorithms split
+data by them; the ranks of one tensor-parallel group get the same share, and each batch
+is taken from the group's first rank), ``is_main`` is global rank 0.
 """
 
 from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,6 +43,7 @@ from reasonctl.backends.compile import compile_blocks
 from reasonctl.backends.distributed import init_process_group, resolve_device
 from reasonctl.backends.export import tied_parameter_groups
 from reasonctl.backends.optim import build_optimizer, build_scheduler
+from reasonctl.backends.tensor_parallel import parallelize_blocks
 from reasonctl.backends.token_logprobs import TokenLogprobModel
 from reasonctl.core.context import RunContext
 from reasonctl.core.errors import ConfigError, ReasonctlError
@@ -51,14 +62,17 @@ POLICY_PREFIX = "hf_model."
 class FSDPBackend(TorchBackend):
     """Fully sharded data parallel training over the processes of one launch."""
 
-    def __init__(self, *, dp_replicate: int = 1, dp_shard: int = -1,
+    def __init__(self, *, dp_replicate: int = 1, dp_shard: int = -1, tp: int = 1,
                  reshard_after_forward: bool = True, chunk_tokens: int,
                  export_shard_size: str) -> None:
         super().__init__(chunk_tokens=chunk_tokens, export_shard_size=export_shard_size)
         self.dp_replicate = dp_replicate
         self.dp_shard = dp_shard
+        self.tp = tp
         self.reshard_after_forward = reshard_after_forward
         self.mesh: DeviceMesh | None = None
+        self.processes = 1
+        """Processes of the job (data-parallel x tensor-parallel)."""
         self._owns_process_group = False
 
     # --- set-up ---------------------------------------------------------------------------
@@ -71,9 +85,14 @@ class FSDPBackend(TorchBackend):
             torch.cuda.set_device(self.device)
         group = init_process_group(self.device)
         self._owns_process_group = group.created
-        self.rank, self.world_size = group.rank, group.world_size
-        self.is_main = self.rank == 0
+        self.processes = group.world_size
+        self.is_main = group.rank == 0
         self.mesh = self._build_mesh()
+        data_mesh = self._data_mesh()
+        self.world_size = data_mesh.size()
+        self.rank = data_mesh.get_local_rank(0)
+        if data_mesh.ndim == 2:  # HSDP: replica-major
+            self.rank = self.rank * data_mesh.size(1) + data_mesh.get_local_rank(1)
         self.grad_scale = float(self.world_size)
 
         # rank 0 resolves first (creates the tiny model, downloads remote weights) so the
@@ -91,6 +110,11 @@ class FSDPBackend(TorchBackend):
         self.parameter_counts = apply_trainable_patterns(
             hf_model, freeze=config.model.freeze, trainable=config.model.trainable
         )
+        if self.tp > 1:
+            blocks = parallelize_blocks(hf_model, self.mesh["tp"])
+            if self.is_main:
+                ctx.info(f"fsdp: {blocks} blocks split over tp={self.tp}; data parallel over "
+                         f"{self.world_size} group(s) of {self.tp} processes")
         if config.model.gradient_checkpointing:
             enable_gradient_checkpointing(hf_model)
         if config.train.compile:
@@ -113,18 +137,62 @@ class FSDPBackend(TorchBackend):
         self.scheduler = build_scheduler(self.optimizer, config.train, lambda: ctx.total_steps)
 
     def _build_mesh(self) -> DeviceMesh:
-        replicate = self.dp_replicate
-        shard = self.dp_shard if self.dp_shard > 0 else self.world_size // max(replicate, 1)
-        if replicate < 1 or replicate * shard != self.world_size:
+        replicate, tp = self.dp_replicate, self.tp
+        if tp < 1 or self.processes % tp:
             raise ConfigError([
-                f"backend.fsdp: dp_replicate ({replicate}) x dp_shard ({self.dp_shard}) must "
-                f"equal the number of processes ({self.world_size}); set dp_shard = -1 to use "
-                "world_size / dp_replicate"
+                f"backend.fsdp.tp: {tp} does not divide the number of processes "
+                f"({self.processes}); use a divisor, e.g. the GPUs of one node"
             ])
-        if replicate == 1:
-            return init_device_mesh(self.device.type, (shard,), mesh_dim_names=("dp_shard",))
-        return init_device_mesh(self.device.type, (replicate, shard),
-                                mesh_dim_names=("dp_replicate", "dp_shard"))
+        data = self.processes // tp
+        shard = self.dp_shard if self.dp_shard > 0 else data // max(replicate, 1)
+        if replicate < 1 or replicate * shard != data:
+            raise ConfigError([
+                f"backend.fsdp: dp_replicate ({replicate}) x dp_shard ({self.dp_shard}) x tp "
+                f"({tp}) must equal the number of processes ({self.processes}); set "
+                "dp_shard = -1 to use processes / (dp_replicate x tp)"
+            ])
+        sizes, names = [shard], ["dp_shard"]
+        if replicate > 1:
+            sizes, names = [replicate, shard], ["dp_replicate", "dp_shard"]
+        if tp > 1:
+            sizes, names = [*sizes, tp], [*names, "tp"]
+        return init_device_mesh(self.device.type, tuple(sizes), mesh_dim_names=tuple(names))
+
+    # --- collectives over every process (tensor-parallel peers included) -------------------
+
+    def barrier(self) -> None:
+        """Wait for every process of the job."""
+        if self.processes > 1 and dist.is_initialized():
+            dist.barrier()
+
+    def all_reduce_mean(self, values: dict[str, float]) -> dict[str, float]:
+        """Average scalar metrics over data-parallel ranks (tensor-parallel peers hold equal
+        values, so the mean over every process is the same)."""
+        if self.processes == 1 or not dist.is_initialized():
+            return {k: float(v) for k, v in values.items()}
+        keys = sorted(values)
+        tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64,
+                              device=self.device)
+        dist.all_reduce(tensor)
+        tensor /= self.processes
+        return dict(zip(keys, tensor.tolist(), strict=True))
+
+    def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The batch on this device; with ``tp > 1`` the tensor-parallel group's first
+        rank's batch on every member (they must compute on identical data)."""
+        if self.tp > 1:
+            assert self.mesh is not None
+            group = self.mesh["tp"].get_group()
+            shared = [batch]
+            dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0), group=group)
+            batch = shared[0]
+        return super().to_device(batch)
+
+    def _data_mesh(self) -> DeviceMesh:
+        """The mesh FSDP shards (and replicates) over: every dimension but ``tp``."""
+        assert self.mesh is not None
+        names = [n for n in (self.mesh.mesh_dim_names or ()) if n != "tp"]
+        return self.mesh[tuple(names)] if len(names) > 1 else self.mesh[names[0]]
 
     def _shard(self, policy: TokenLogprobModel, dtype: torch.dtype) -> None:
         """``fully_shard`` every transformer block (innermost first), then the root."""
@@ -141,7 +209,7 @@ class FSDPBackend(TorchBackend):
             policy_mp = MixedPrecisionPolicy()
         else:
             policy_mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-        options = {"mesh": self.mesh, "mp_policy": policy_mp}
+        options = {"mesh": self._data_mesh(), "mp_policy": policy_mp}
         for block in reversed(blocks):
             fully_shard(block, reshard_after_forward=self.reshard_after_forward, **options)
         # The root group holds the embedding and (tied) output head. Backward needs them right

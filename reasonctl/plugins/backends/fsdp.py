@@ -22,6 +22,12 @@ class FSDPBackendConfig(BaseModel):
         default=-1,
         description="Ranks each parameter is sharded over; -1: world_size / dp_replicate.",
     )
+    tp: int = Field(
+        default=1, ge=1,
+        description="Tensor-parallel ranks per model replica: the attention and MLP "
+        "projections of every block are split over them (DTensor), and FSDP shards over "
+        "the data-parallel ranks (world_size / tp).",
+    )
     reshard_after_forward: bool = Field(
         default=True,
         description="Free gathered parameters after forward (less memory, one more gather).",
@@ -43,6 +49,7 @@ def build_fsdp_backend(config: FSDPBackendConfig | None, **_: Any) -> Any:
     return FSDPBackend(
         dp_replicate=config.dp_replicate,
         dp_shard=config.dp_shard,
+        tp=config.tp,
         reshard_after_forward=config.reshard_after_forward,
         chunk_tokens=config.logprob_chunk_tokens,
         export_shard_size=config.export_shard_size,
