@@ -70,10 +70,10 @@ def run_in_process(config_file: Path, *overrides: str) -> Any:
     return run(config, host=host)
 
 
-def launch(config_file: Path, output_dir: Path, *extra: str) -> None:
+def launch(config_file: Path, output_dir: Path, *extra: str, processes: int = 2) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "reasonctl", "run", "--backend", "fsdp",
-               "--nproc-per-node", "2", "--config", str(config_file),
+               "--nproc-per-node", str(processes), "--config", str(config_file),
                "--output-dir", str(output_dir), *extra]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -208,6 +208,15 @@ def test_tensor_parallel_pair_matches_single_and_resumes_in_one(reference: Path)
     )
     assert result.status == "completed"
     assert_close_runs(resumed, out, range(4, STEPS + 1))
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_tensor_parallel_pairs_sharded_by_fsdp_match_single(reference: Path) -> None:
+    """Four processes: two data-parallel FSDP ranks of tensor-parallel pairs (2D mesh)."""
+    out = reference / "tp2-dp2"
+    launch(reference / "run.toml", out, "--set", "backend.fsdp.tp=2", processes=4)
+    assert_close_runs(out, reference / "single", range(1, STEPS + 1))
 
 
 def test_tensor_parallel_sizes_are_checked() -> None:

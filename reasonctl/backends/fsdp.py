@@ -24,6 +24,7 @@ is taken from the group's first rank), ``is_main`` is global rank 0.
 from __future__ import annotations
 
 import gc
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -111,6 +112,9 @@ class FSDPBackend(TorchBackend):
             hf_model, freeze=config.model.freeze, trainable=config.model.trainable
         )
         if self.tp > 1:
+            # DTensor notes every two-dimensional gather or norm as "suboptimal" (it takes
+            # one collective per mesh dimension) at warning level, on every rank
+            logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
             blocks = parallelize_blocks(hf_model, self.mesh["tp"])
             if self.is_main:
                 ctx.info(f"fsdp: {blocks} blocks split over tp={self.tp}; data parallel over "
