@@ -198,6 +198,10 @@ def use_server(server: S3Server, monkeypatch: Any) -> Bucket:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint_url)
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # the tests exercise reasonctl's own retries; botocore's request retries (legacy mode in
+    # older releases: up to a minute of backoff against a closed port) stay short
+    monkeypatch.setenv("AWS_RETRY_MODE", "standard")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
     bucket = Bucket(server, f"test-{uuid.uuid4().hex[:12]}")
     bucket.client().create_bucket(Bucket=bucket.name)
     return bucket

@@ -72,10 +72,8 @@ def digests(root: Path) -> dict[str, str]:
 def run_config(host: PluginHost, targets: list[str], *extra: str) -> RunConfig:
     listed = ", ".join(repr(t) for t in targets)
     return load_config(
-        # short timeouts: a request caught by the endpoint going down fails in seconds
         overrides=[f"checkpoint.upload=[{listed}]", "storage.s3.max_attempts=2",
-                   "storage.s3.backoff_s=0.1", "storage.s3.read_timeout_s=5",
-                   "storage.s3.connect_timeout_s=5", *extra],
+                   "storage.s3.backoff_s=0.1", *extra],
         registry=host.registry,
     )
 
