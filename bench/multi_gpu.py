@@ -13,6 +13,9 @@ random words with a fixed seed. Parts (``--parts``, default all):
   / per-GPU tokens/s at the smallest N (1 by default).
 - ``hsdp``: the same SFT on the largest N as HSDP (``backend.fsdp.dp_replicate`` =
   ``--hsdp-replicate`` replicas x N / replicate shards), against plain FSDP at that N.
+- ``tp``: the same SFT on the largest N with ``backend.fsdp.tp`` = ``--tp`` (DTensor tensor
+  parallelism inside each group of ``--tp`` GPUs, FSDP over the N / tp groups, same global
+  batch) against plain FSDP at that N, with the largest relative loss difference.
 - ``grpo``: GRPO with the fsdp backend on each N, same global workload (``--prompts`` x
   ``--group`` completions of prompts of ``--prompt-tokens`` tokens, ``--max-new-tokens``
   sampled at temperature 1, the rule reward ``bench.common:even_word_reward``); mean step
@@ -61,7 +64,7 @@ from typing import Any
 
 from bench.common import emit, log, random_rows, tokenizer_dir, words
 
-PARTS = ("scaling", "hsdp", "grpo", "resume")
+PARTS = ("scaling", "hsdp", "tp", "grpo", "resume")
 LOSS_RTOL = 1e-4
 """Largest relative loss difference between a resumed and an uninterrupted float32 run."""
 GRAD_NORM_RTOL = 1e-3
@@ -107,6 +110,7 @@ def parse_args() -> argparse.Namespace:
     sft.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                      help="train.compile (default: on when GPUs are visible).")
     sft.add_argument("--hsdp-replicate", type=int, default=2)
+    sft.add_argument("--tp", type=int, default=2, help="Tensor-parallel size of the tp part.")
     grpo = parser.add_argument_group("grpo")
     grpo.add_argument("--prompts", type=int, default=8, help="Prompts per step (global).")
     grpo.add_argument("--group", type=int, default=8, help="Completions per prompt.")
@@ -501,6 +505,37 @@ def part_hsdp(runner: Runner, args: argparse.Namespace, config: Path, data: Path
             "hsdp": hsdp, "hsdp_vs_fsdp": rounded(ratio), "ok": hsdp["ok"] and fsdp["ok"]}
 
 
+def part_tp(runner: Runner, args: argparse.Namespace, config: Path, data: Path,
+            scaling: dict[str, Any] | None) -> dict[str, Any]:
+    """FSDP with tensor-parallel groups against plain FSDP on the largest N."""
+    nproc, tp = args.gpus[-1], args.tp
+    if nproc < 2 or nproc % tp:
+        reason = f"needs N >= 2 divisible by --tp {tp} (N = {nproc})"
+        log(f"tp skipped: {reason}")
+        return {"skipped": reason, "ok": True}
+    values = sft_values(data, args, nproc)
+    fsdp = (scaling or {}).get("results", {}).get(str(nproc))
+    if not fsdp or not fsdp.get("ok"):
+        fsdp = sft_result(runner.run(f"tp-reference-fsdp-{nproc}", config, nproc, values),
+                          args, args.per_gpu_batch * nproc)
+    values["backend"] = {"fsdp": {"tp": tp}}
+    split = sft_result(runner.run(f"tp-{tp}x{nproc // tp}", config, nproc, values), args,
+                       args.per_gpu_batch * nproc)
+    ratio = (split["tokens_per_s"] / fsdp["tokens_per_s"]
+             if split.get("tokens_per_s") and fsdp.get("tokens_per_s") else None)
+    differences = [abs(a - b) / max(abs(b), 1e-12)
+                   for a, b in zip(split.get("losses", []), fsdp.get("losses", []), strict=False)]
+    if ratio is not None:
+        log(f"N={nproc}: FSDP {fsdp['tokens_per_s']:.0f} tok/s, tp={tp} x dp={nproc // tp} "
+            f"{split['tokens_per_s']:.0f} tok/s -> {ratio:.3f}x (peak {fsdp['peak_mem_gb']:.1f}"
+            f" vs {split['peak_mem_gb']:.1f} GB); largest relative loss difference "
+            f"{max(differences, default=math.inf):.2e}")
+    return {"nproc": nproc, "tp": tp, "fsdp": fsdp, "tp_run": split,
+            "tp_vs_fsdp": rounded(ratio),
+            "max_loss_rel_diff": json_number(max(differences, default=math.inf)),
+            "ok": split["ok"] and fsdp["ok"]}
+
+
 def part_grpo(runner: Runner, args: argparse.Namespace, model_dir: str, root: Path
               ) -> dict[str, Any]:
     """GRPO step time on each N with the same global workload."""
@@ -633,6 +668,7 @@ def model_sizes(args: argparse.Namespace) -> dict[str, str]:
     return {
         "scaling": sft,
         "hsdp": sft,
+        "tp": sft,
         "grpo": args.grpo_size or args.size or "0.5b",
         "resume": args.resume_size or args.size or "0.5b",
     }
@@ -660,7 +696,7 @@ def main() -> int:
         "prepare_command": info["command"],
         "env": {"NCCL_NVLS_ENABLE": "0"}, "extra_overrides": args.extra,
     }
-    if "scaling" in args.parts or "hsdp" in args.parts:
+    if {"scaling", "hsdp", "tp"} & set(args.parts):
         model_dir = info["models"][sizes["scaling"]]
         data = write_sft_data(root / "data" / f"sft_{args.seq}.jsonl",
                               args.per_gpu_batch * args.gpus[-1] * args.steps, args.seq, seed=1)
@@ -671,6 +707,9 @@ def main() -> int:
         if "hsdp" in args.parts:
             log("=== hsdp: replicate x shard against plain FSDP")
             summary["hsdp"] = part_hsdp(runner, args, config, data, summary.get("scaling"))
+        if "tp" in args.parts:
+            log("=== tp: tensor-parallel groups inside FSDP against plain FSDP")
+            summary["tp"] = part_tp(runner, args, config, data, summary.get("scaling"))
     if "grpo" in args.parts:
         log("=== grpo: same global workload on each process count")
         summary["grpo"] = part_grpo(runner, args, info["models"][sizes["grpo"]], root)
