@@ -478,6 +478,19 @@ def part_scaling(runner: Runner, args: argparse.Namespace, config: Path, data: P
             "results": results, "ok": all(r["ok"] for r in results.values())}
 
 
+def plain_fsdp_result(runner: Runner, args: argparse.Namespace, config: Path,
+                      values: dict[str, Any], scaling: dict[str, Any] | None, part: str
+                      ) -> dict[str, Any]:
+    """Plain FSDP SFT on the largest N: the scaling part's run when it succeeded, else a
+    run of its own (named after ``part``)."""
+    nproc = args.gpus[-1]
+    fsdp = (scaling or {}).get("results", {}).get(str(nproc))
+    if fsdp and fsdp.get("ok"):
+        return fsdp
+    return sft_result(runner.run(f"{part}-reference-fsdp-{nproc}", config, nproc, values),
+                      args, args.per_gpu_batch * nproc)
+
+
 def part_hsdp(runner: Runner, args: argparse.Namespace, config: Path, data: Path,
               scaling: dict[str, Any] | None) -> dict[str, Any]:
     """HSDP (replicate x shard) against plain FSDP on the largest N."""
@@ -488,10 +501,7 @@ def part_hsdp(runner: Runner, args: argparse.Namespace, config: Path, data: Path
         log(f"hsdp skipped: {reason}")
         return {"skipped": reason, "ok": True}
     values = sft_values(data, args, nproc)
-    fsdp = (scaling or {}).get("results", {}).get(str(nproc))
-    if not fsdp or not fsdp.get("ok"):
-        fsdp = sft_result(runner.run(f"hsdp-reference-fsdp-{nproc}", config, nproc, values),
-                          args, args.per_gpu_batch * nproc)
+    fsdp = plain_fsdp_result(runner, args, config, values, scaling, "hsdp")
     values["backend"] = {"fsdp": {"dp_replicate": replicate, "dp_shard": -1}}
     hsdp = sft_result(runner.run(f"hsdp-{replicate}x{nproc // replicate}", config, nproc,
                                  values), args, args.per_gpu_batch * nproc)
@@ -514,10 +524,7 @@ def part_tp(runner: Runner, args: argparse.Namespace, config: Path, data: Path,
         log(f"tp skipped: {reason}")
         return {"skipped": reason, "ok": True}
     values = sft_values(data, args, nproc)
-    fsdp = (scaling or {}).get("results", {}).get(str(nproc))
-    if not fsdp or not fsdp.get("ok"):
-        fsdp = sft_result(runner.run(f"tp-reference-fsdp-{nproc}", config, nproc, values),
-                          args, args.per_gpu_batch * nproc)
+    fsdp = plain_fsdp_result(runner, args, config, values, scaling, "tp")
     values["backend"] = {"fsdp": {"tp": tp}}
     split = sft_result(runner.run(f"tp-{tp}x{nproc // tp}", config, nproc, values), args,
                        args.per_gpu_batch * nproc)

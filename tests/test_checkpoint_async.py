@@ -40,7 +40,7 @@ def test_background_checkpoint_is_committed_only_when_written(tmp_path: Path) ->
     writing.set_result(None)
     manager.poll()
     assert [c.step for c in manager.complete()] == [1, 2]
-    assert committed[-1] == tmp_path / "step_2" and manager.pending is None
+    assert committed[-1] == tmp_path / "step_2" and manager.pending.committed
     assert json.loads((tmp_path / "step_2" / "manifest.json").read_text())["algorithm"] == {
         "x": 2}
 

@@ -110,6 +110,18 @@ def assert_close_runs(got: Path, want: Path, steps: range, *, rel: float = 1e-4)
         torch.testing.assert_close(tensor, want_weights[name], atol=1e-5, rtol=1e-4)
 
 
+def assert_resumes_in_one_process(reference: Path, out: Path, name: str) -> None:
+    """Resume ``out``'s step-3 checkpoint in one process; steps 4.. equal ``out``'s."""
+    resumed = reference / name
+    result = run_in_process(
+        reference / "run.toml", f"run.output_dir={resumed}", "backend.name=single",
+        f"run.resume={json.dumps(str(out / 'checkpoints' / 'step_3'))}",
+    )
+    assert result.status == "completed" and result.steps == STEPS
+    assert sorted(losses(resumed)) == list(range(4, STEPS + 1))
+    assert_close_runs(resumed, out, range(4, STEPS + 1))
+
+
 def test_fsdp_in_one_process_matches_single(reference: Path) -> None:
     out = reference / "fsdp1"
     result = run_in_process(reference / "run.toml", f"run.output_dir={out}", "backend.name=fsdp")
@@ -149,14 +161,7 @@ def test_two_processes_match_single_and_resume_in_one(reference: Path) -> None:
     state = out / "checkpoints" / "step_3" / "state"
     assert len(list(state.glob("*.distcp"))) == 2  # one file per rank
 
-    resumed = reference / "resumed-in-one"
-    result = run_in_process(
-        reference / "run.toml", f"run.output_dir={resumed}", "backend.name=single",
-        f"run.resume={json.dumps(str(out / 'checkpoints' / 'step_3'))}",
-    )
-    assert result.status == "completed" and result.steps == STEPS
-    assert sorted(losses(resumed)) == list(range(4, STEPS + 1))
-    assert_close_runs(resumed, out, range(4, STEPS + 1))
+    assert_resumes_in_one_process(reference, out, "resumed-in-one")
 
 
 @pytest.mark.slow
@@ -173,13 +178,7 @@ def test_two_processes_with_background_checkpoints_resume_alike(reference: Path)
         assert len(list((checkpoint / "state").glob("*.distcp"))) == 2
     assert not list((out / "checkpoints").glob(".tmp-*"))
 
-    resumed = reference / "async-resumed-in-one"
-    result = run_in_process(
-        reference / "run.toml", f"run.output_dir={resumed}", "backend.name=single",
-        f"run.resume={json.dumps(str(out / 'checkpoints' / 'step_3'))}",
-    )
-    assert result.status == "completed"
-    assert_close_runs(resumed, out, range(4, STEPS + 1))
+    assert_resumes_in_one_process(reference, out, "async-resumed-in-one")
 
 
 @pytest.mark.slow
@@ -201,13 +200,7 @@ def test_tensor_parallel_pair_matches_single_and_resumes_in_one(reference: Path)
     q_proj = metadata.state_dict_metadata[layer + "self_attn.q_proj.weight"]
     assert sorted(tuple(c.offsets) for c in o_proj.chunks) == [(0, 0), (0, 32)]
     assert sorted(tuple(c.offsets) for c in q_proj.chunks) == [(0, 0), (32, 0)]
-    resumed = reference / "tp2-resumed-in-one"
-    result = run_in_process(
-        reference / "run.toml", f"run.output_dir={resumed}", "backend.name=single",
-        f"run.resume={json.dumps(str(out / 'checkpoints' / 'step_3'))}",
-    )
-    assert result.status == "completed"
-    assert_close_runs(resumed, out, range(4, STEPS + 1))
+    assert_resumes_in_one_process(reference, out, "tp2-resumed-in-one")
 
 
 @pytest.mark.slow

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from reasonctl.backends.distributed import barrier_all, mean_over_processes
 from reasonctl.backends.export import DEFAULT_MAX_SHARD_SIZE, save_hf_export
 from reasonctl.backends.perf import peak_flops, training_flops
 from reasonctl.backends.reference import ReferenceWeights
@@ -188,20 +189,13 @@ class TorchBackend:
     # --- metrics and collectives ------------------------------------------------------------
 
     def all_reduce_mean(self, values: Metrics) -> Metrics:
-        """Average scalar metrics over ranks (every rank must pass the same keys)."""
-        if self.world_size == 1 or not dist.is_initialized():
-            return {k: float(v) for k, v in values.items()}
-        keys = sorted(values)
-        tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64,
-                              device=self.device)
-        dist.all_reduce(tensor)
-        tensor /= self.world_size
-        return dict(zip(keys, tensor.tolist(), strict=True))
+        """Average scalar metrics over data-parallel ranks (every rank must pass the same
+        keys; tensor-parallel peers hold equal values)."""
+        return mean_over_processes(values, self.device)
 
     def barrier(self) -> None:
-        """Wait for all ranks (no-op in one process)."""
-        if self.world_size > 1 and dist.is_initialized():
-            dist.barrier()
+        """Wait for every process (no-op in one process)."""
+        barrier_all()
 
     def training_flops(self, tokens: int, mean_seq_len: float) -> float:
         """Approximate model FLOPs of a training step over ``tokens`` tokens."""

@@ -65,3 +65,22 @@ def init_process_group(device: torch.device) -> ProcessGroupInfo:
         dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
                                 device_id=device_id)
     return ProcessGroupInfo(dist.get_rank(), dist.get_world_size(), created=True)
+
+
+def mean_over_processes(values: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Scalar ``values`` averaged over every process of the job. For values that the
+    ranks of a tensor/pipeline-parallel group share this is the mean over data-parallel
+    ranks. Every process must pass the same keys."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return {k: float(v) for k, v in values.items()}
+    keys = sorted(values)
+    tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    tensor /= dist.get_world_size()
+    return dict(zip(keys, tensor.tolist(), strict=True))
+
+
+def barrier_all() -> None:
+    """Wait for every process of the job (no-op in one process)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

@@ -162,24 +162,7 @@ class FSDPBackend(TorchBackend):
             sizes, names = [*sizes, tp], [*names, "tp"]
         return init_device_mesh(self.device.type, tuple(sizes), mesh_dim_names=tuple(names))
 
-    # --- collectives over every process (tensor-parallel peers included) -------------------
-
-    def barrier(self) -> None:
-        """Wait for every process of the job."""
-        if self.processes > 1 and dist.is_initialized():
-            dist.barrier()
-
-    def all_reduce_mean(self, values: dict[str, float]) -> dict[str, float]:
-        """Average scalar metrics over data-parallel ranks (tensor-parallel peers hold equal
-        values, so the mean over every process is the same)."""
-        if self.processes == 1 or not dist.is_initialized():
-            return {k: float(v) for k, v in values.items()}
-        keys = sorted(values)
-        tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64,
-                              device=self.device)
-        dist.all_reduce(tensor)
-        tensor /= self.processes
-        return dict(zip(keys, tensor.tolist(), strict=True))
+    # --- batches ------------------------------------------------------------------------
 
     def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
         """The batch on this device; with ``tp > 1`` the tensor-parallel group's first

@@ -52,6 +52,8 @@ class _PendingCheckpoint:
     future: Future[Any]
     manifest: dict[str, Any]
     on_commit: Callable[[Path], None] | None
+    committed: bool = False
+    """Committed by the main rank's :meth:`CheckpointManager.poll` already."""
 
 
 class CheckpointManager:
@@ -109,10 +111,11 @@ class CheckpointManager:
             self.pending = _PendingCheckpoint(step, tmp, future, manifest, on_commit)
             return None
         self.barrier()
-        final = self._commit(step, tmp, manifest, on_commit) if self.is_main else None
+        if self.is_main:
+            self._commit(step, tmp, manifest, on_commit)
         self.barrier()
         self.last_committed = self.step_dir(step)
-        return final or self.step_dir(step)
+        return self.last_committed
 
     def poll(self) -> None:
         """Commit the background write if it has finished well (main rank; not collective).
@@ -122,33 +125,33 @@ class CheckpointManager:
         rank's write results. A failed write is left for :meth:`wait` to report on every
         rank."""
         pending = self.pending
-        if (not self.is_main or pending is None or not pending.future.done()
-                or pending.future.exception() is not None):
+        if (not self.is_main or pending is None or pending.committed
+                or not pending.future.done() or pending.future.exception() is not None):
             return
         self._commit(pending.step, pending.tmp, pending.manifest, pending.on_commit)
-        self.pending = None
+        pending.committed = True
 
     def wait(self) -> None:
-        """Wait for a background write on every rank and commit it (collective: every
-        rank calls it at the same point, whether or not its write is still pending)."""
+        """Wait for a background write and commit it if :meth:`poll` has not (collective:
+        every rank holds a pending write from the same :meth:`save` until this call)."""
         pending, self.pending = self.pending, None
+        if pending is None:
+            return
         error: CheckpointWriteError | None = None
-        if pending is not None:
-            try:
-                pending.future.result()
-            except Exception as exc:
-                error = CheckpointWriteError(
-                    f"writing the checkpoint of step {pending.step} to {pending.tmp} failed: "
-                    f"{type(exc).__name__}: {exc}. Earlier checkpoints are intact; check the "
-                    "disk (space, permissions) and resume from the newest complete one")
-                error.__cause__ = exc
+        try:
+            pending.future.result()
+        except Exception as exc:
+            error = CheckpointWriteError(
+                f"writing the checkpoint of step {pending.step} to {pending.tmp} failed: "
+                f"{type(exc).__name__}: {exc}. Earlier checkpoints are intact; check the "
+                "disk (space, permissions) and resume from the newest complete one")
+            error.__cause__ = exc
         self.barrier()
         if error is not None:
             raise error
-        if pending is not None:
-            if self.is_main:
-                self._commit(pending.step, pending.tmp, pending.manifest, pending.on_commit)
-            self.last_committed = self.step_dir(pending.step)
+        if self.is_main and not pending.committed:
+            self._commit(pending.step, pending.tmp, pending.manifest, pending.on_commit)
+        self.last_committed = self.step_dir(pending.step)
         self.barrier()
 
     def _commit(self, step: int, tmp: Path, manifest: dict[str, Any],

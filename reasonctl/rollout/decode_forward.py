@@ -171,7 +171,7 @@ class DecodeForward:
         splits = default_splits(cache.slots, self.kv_heads, cache.max_len, self.processors) \
             if self.fused_attention else 1
         if self.fused_linear and cache.slots <= MAX_ROWS:
-            return self._fused_layers(x, cos, sin, positions, cache, splits, allowed)
+            return self._fused_layers(x, cos, sin, rows, positions, cache, splits, allowed)
         for layer_index, (layer, weights) in enumerate(
                 zip(inner.layers, self.layers, strict=True)):
             attention = layer.self_attn
@@ -186,14 +186,12 @@ class DecodeForward:
         return F.linear(inner.norm(x).to(self.dtype), self.lm_head)
 
     def _fused_layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                      positions: torch.Tensor, cache: SlotKVCache, splits: int,
-                      allowed: torch.Tensor) -> torch.Tensor:
+                      rows: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
+                      splits: int, allowed: torch.Tensor) -> torch.Tensor:
         """The layers with every matmul a :func:`decode_linear` kernel: the norm before
         each block is its matmul's prologue, SwiGLU the down projection's, the residual
         adds their epilogues."""
         inner = self.model.model
-        batch = x.shape[0]
-        rows = torch.arange(batch, device=x.device)
         for layer_index, (layer, weights) in enumerate(
                 zip(inner.layers, self.layers, strict=True)):
             attention = layer.self_attn

@@ -38,7 +38,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from reasonctl.backends.distributed import init_process_group, resolve_device
+from reasonctl.backends.distributed import (
+    barrier_all,
+    init_process_group,
+    mean_over_processes,
+    resolve_device,
+)
 from reasonctl.backends.export import DEFAULT_MAX_SHARD_SIZE, save_hf_export, tied_parameter_groups
 from reasonctl.backends.megatron import batches, checkpoint, parallel
 from reasonctl.backends.megatron.convert import (
@@ -453,19 +458,11 @@ class MegatronBackend:
     def all_reduce_mean(self, values: Metrics) -> Metrics:
         """Average scalar metrics over all processes (= over data-parallel ranks for values
         that the ranks of a tensor/pipeline group share)."""
-        if not dist.is_initialized() or dist.get_world_size() == 1:
-            return {k: float(v) for k, v in values.items()}
-        keys = sorted(values)
-        tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64,
-                              device=self.device)
-        dist.all_reduce(tensor)
-        tensor /= dist.get_world_size()
-        return dict(zip(keys, tensor.tolist(), strict=True))
+        return mean_over_processes(values, self.device)
 
     def barrier(self) -> None:
         """Wait for all processes."""
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.barrier()
+        barrier_all()
 
     def training_flops(self, tokens: int, mean_seq_len: float) -> float:
         """Approximate model FLOPs of a training step over ``tokens`` tokens."""
