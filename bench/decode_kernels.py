@@ -49,6 +49,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--configs", default="",
                         help="Extra decode_linear tile configs to time, e.g. "
                         "'64,128,1,4;32,256,2,4' (block_n,block_k,split_k,num_warps).")
+    parser.add_argument("--parts", default="attention,linear,sampling",
+                        help="Comma-separated kernels to check and time.")
     return parser.parse_args()
 
 
@@ -228,10 +230,15 @@ def main() -> None:
         raise SystemExit("bench.decode_kernels needs a CUDA device")
     summary: dict[str, Any] = {"bench": "decode_kernels", "size": args.size,
                                "batch": args.batch, "max_len": args.max_len, **environment()}
+    parts = {"attention": attention_bench, "linear": linear_bench,
+             "sampling": sampling_bench}
+    chosen = [part.strip() for part in args.parts.split(",") if part.strip()]
+    unknown = sorted(set(chosen) - set(parts))
+    if unknown:
+        raise SystemExit(f"--parts: unknown {unknown}; choose from {sorted(parts)}")
     with torch.inference_mode():
-        summary["attention"] = attention_bench(args)
-        summary["linear"] = linear_bench(args)
-        summary["sampling"] = sampling_bench(args)
+        for part in chosen:
+            summary[part] = parts[part](args)
     emit(summary)
 
 
