@@ -162,7 +162,7 @@ def logprob_gap(backend: Any, prompts: list[list[int]], completions: list[Any]
 
 
 def profile(engine: Any, prompts: list[list[int]]) -> None:
-    """Kernel time table (top 30 by device time) of a 64-token rollout of ``prompts``."""
+    """Kernel time table (top 45 by device time) of a 64-token rollout of ``prompts``."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -172,7 +172,7 @@ def profile(engine: Any, prompts: list[list[int]]) -> None:
     with torch_profile(activities=activities) as prof:
         engine_generate(engine, prompts, sampling(64, temperature=1.0, seed=3))
     sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
-    log(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=60))
+    log(prof.key_averages().table(sort_by=sort, row_limit=45, max_name_column_width=90))
 
 
 def main() -> None:

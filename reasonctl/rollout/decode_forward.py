@@ -38,9 +38,7 @@ from reasonctl.rollout.decode_attention import (
     processor_count,
     supports_fused_attention,
 )
-from reasonctl.rollout.decode_linear import MAX_ROWS, decode_linear
 from reasonctl.rollout.slot_cache import SlotKVCache
-from reasonctl.rollout.triton_support import interpreting, triton_available
 
 SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
@@ -103,11 +101,6 @@ class DecodeForward:
         self.fused_attention = fused_kernels and supports_fused_attention(self.head_dim, device)
         """Attention (with rotary and the cache store) runs as one fused kernel."""
         self.processors = processor_count(device)  # asked once, outside compiled code
-        self.fused_linear = (fused_kernels and triton_available()
-                             and (device.type == "cuda" or interpreting())
-                             and getattr(config, "hidden_act", None) == "silu")
-        """Matmuls run as small-batch kernels with the norms, SwiGLU and residual adds
-        fused (for batches of at most ``MAX_ROWS``)."""
         self.q_norm_eps = float(getattr(getattr(attention, "q_norm", None),
                                         "variance_epsilon", 1e-6))
         self.layers = [self._allocate(layer) for layer in inner.layers]
@@ -170,8 +163,6 @@ class DecodeForward:
         rows = torch.arange(batch, device=input_ids.device)
         splits = default_splits(cache.slots, self.kv_heads, cache.max_len, self.processors) \
             if self.fused_attention else 1
-        if self.fused_linear and cache.slots <= MAX_ROWS:
-            return self._fused_layers(x, cos, sin, rows, positions, cache, splits, allowed)
         for layer_index, (layer, weights) in enumerate(
                 zip(inner.layers, self.layers, strict=True)):
             attention = layer.self_attn
@@ -184,30 +175,6 @@ class DecodeForward:
             gate, up = F.linear(h.to(self.dtype), weights.gate_up).chunk(2, dim=-1)
             x = x + F.linear(layer.mlp.act_fn(gate) * up, weights.down)
         return F.linear(inner.norm(x).to(self.dtype), self.lm_head)
-
-    def _fused_layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                      rows: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
-                      splits: int, allowed: torch.Tensor) -> torch.Tensor:
-        """The layers with every matmul a :func:`decode_linear` kernel: the norm before
-        each block is its matmul's prologue, SwiGLU the down projection's, the residual
-        adds their epilogues."""
-        inner = self.model.model
-        for layer_index, (layer, weights) in enumerate(
-                zip(inner.layers, self.layers, strict=True)):
-            attention = layer.self_attn
-            norm = layer.input_layernorm
-            qkv = decode_linear(x, weights.qkv, weights.qkv_bias, prologue="rmsnorm",
-                                norm_weight=norm.weight, eps=norm.variance_epsilon)
-            attended = self._attention(attention, qkv, cos, sin, rows, positions, cache,
-                                       layer_index, allowed, splits)
-            x = decode_linear(attended.to(self.dtype), weights.out, weights.out_bias,
-                              residual=x)
-            norm = layer.post_attention_layernorm
-            gate_up = decode_linear(x, weights.gate_up, prologue="rmsnorm",
-                                    norm_weight=norm.weight, eps=norm.variance_epsilon)
-            x = decode_linear(gate_up, weights.down, prologue="swiglu", residual=x)
-        return decode_linear(x, self.lm_head, prologue="rmsnorm",
-                             norm_weight=inner.norm.weight, eps=inner.norm.variance_epsilon)
 
     def _attention(self, attention: Any, qkv: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
