@@ -7,9 +7,6 @@ rows, bf16, on CUDA:
   store, attention bounded by each row's length) at several ``splits`` against the stock
   path it replaces (rotary, indexed cache stores, SDPA over the whole cache with a mask),
   for rows of mixed lengths up to ``--max-len``;
-- matmuls: each projection of a layer and the output head, the fused small-batch kernel
-  (with its norm / SwiGLU / residual fusions) against ``F.linear`` plus the separate
-  elementwise kernels;
 - sampling: :func:`reasonctl.rollout.race_sampling.race_sample` against drawing the noise
   and running :func:`reasonctl.rollout.sampling.exponential_race`, eager and compiled.
 
@@ -28,7 +25,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from bench.common import emit, environment, log
 
@@ -46,10 +42,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-len", type=int, default=640)
     parser.add_argument("--repeat", type=int, default=24)
     parser.add_argument("--trials", type=int, default=20)
-    parser.add_argument("--configs", default="",
-                        help="Extra decode_linear tile configs to time, e.g. "
-                        "'64,128,1,4;32,256,2,4' (block_n,block_k,split_k,num_warps).")
-    parser.add_argument("--parts", default="attention,linear,sampling",
+    parser.add_argument("--parts", default="attention,sampling",
                         help="Comma-separated kernels to check and time.")
     return parser.parse_args()
 
@@ -136,62 +129,6 @@ def attention_bench(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def linear_bench(args: argparse.Namespace) -> dict[str, Any]:
-    """The fused small-batch matmul kernel against F.linear plus separate elementwise ops."""
-    from reasonctl.rollout.decode_linear import decode_linear, decode_linear_reference
-
-    hidden, ffn, heads, kv_heads, vocab = SHAPES[args.size]
-    head_dim = hidden // heads
-    batch, device, dtype = args.batch, torch.device("cuda"), torch.bfloat16
-    gen = torch.Generator(device).manual_seed(1)
-
-    def rand(*shape: int) -> torch.Tensor:
-        return (torch.randn(*shape, device=device, generator=gen) * 0.05).to(dtype)
-
-    norm = rand(hidden) + 1.0
-    x = rand(batch, hidden)
-    cases = {
-        # name: (input, weight, bias, prologue, residual)
-        "qkv+norm": (x, rand((heads + 2 * kv_heads) * head_dim, hidden),
-                     rand((heads + 2 * kv_heads) * head_dim), "rmsnorm", None),
-        "o+residual": (x, rand(hidden, hidden), None, "none", rand(batch, hidden)),
-        "gate_up+norm": (x, rand(2 * ffn, hidden), None, "rmsnorm", None),
-        "down+swiglu+residual": (rand(batch, 2 * ffn), rand(hidden, ffn), None, "swiglu",
-                                 rand(batch, hidden)),
-        "lm_head+norm": (x, rand(vocab, hidden), None, "rmsnorm", None),
-    }
-    extra = [tuple(int(v) for v in c.split(",")) for c in args.configs.split(";") if c]
-    results: dict[str, Any] = {}
-    for name, (inp, weight, bias, prologue, residual) in cases.items():
-        options = {"prologue": prologue, "norm_weight": norm if prologue == "rmsnorm" else None,
-                   "eps": 1e-6, "residual": residual}
-        expected = decode_linear_reference(inp, weight, bias, **options)
-        got = decode_linear(inp, weight, bias, **options)
-        row: dict[str, Any] = {
-            "max_error": float((got.float() - expected.float()).abs().max()),
-            "weight_mb": weight.numel() * weight.element_size() / 1e6,
-            "stock_us": time_graph(lambda i=inp, w=weight, b=bias, o=options:
-                                   decode_linear_reference(i, w, b, **o),
-                                   args.repeat, args.trials),
-            "matmul_only_us": time_graph(lambda w=weight, b=bias, k=inp.shape[1] if prologue
-                                         != "swiglu" else ffn:
-                                         F.linear(x.new_empty(batch, k), w, b),
-                                         args.repeat, args.trials),
-            "fused_us": time_graph(lambda i=inp, w=weight, b=bias, o=options:
-                                   decode_linear(i, w, b, **o), args.repeat, args.trials),
-        }
-        for block_n, block_k, split_k, warps in extra:
-            key = f"fused_{block_n}x{block_k}s{split_k}w{warps}_us"
-            row[key] = time_graph(
-                lambda i=inp, w=weight, b=bias, o=options, c=(block_n, block_k, split_k, warps):
-                decode_linear(i, w, b, block_n=c[0], block_k=c[1], split_k=c[2],
-                              num_warps=c[3], **o), args.repeat, args.trials)
-        row["fused_weight_tb_per_s"] = row["weight_mb"] / row["fused_us"]
-        results[name] = row
-        log(f"linear {name}: {row}")
-    return results
-
-
 def sampling_bench(args: argparse.Namespace) -> dict[str, Any]:
     """The two-kernel sampler against noise + exponential race, eager and compiled."""
     from reasonctl.rollout.race_sampling import race_sample
@@ -230,8 +167,7 @@ def main() -> None:
         raise SystemExit("bench.decode_kernels needs a CUDA device")
     summary: dict[str, Any] = {"bench": "decode_kernels", "size": args.size,
                                "batch": args.batch, "max_len": args.max_len, **environment()}
-    parts = {"attention": attention_bench, "linear": linear_bench,
-             "sampling": sampling_bench}
+    parts = {"attention": attention_bench, "sampling": sampling_bench}
     chosen = [part.strip() for part in args.parts.split(",") if part.strip()]
     unknown = sorted(set(chosen) - set(parts))
     if unknown:

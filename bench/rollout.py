@@ -68,6 +68,9 @@ def parse_args() -> argparse.Namespace:
                         help="With --compile, let the compiler autotune matmul kernels.")
     parser.add_argument("--profile", action="store_true",
                         help="Print the GPU kernel time table of one extra short rollout.")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="Also time the parts of one decode step at the full batch: the "
+                        "forward graph alone, the sampler alone.")
     parser.add_argument("--skip-generate", action="store_true",
                         help="Skip the sampled transformers baseline (slow).")
     parser.add_argument("--out", default="/tmp/reasonctl-bench")
@@ -175,6 +178,43 @@ def profile(engine: Any, prompts: list[list[int]]) -> None:
     log(prof.key_averages().table(sort_by=sort, row_limit=45, max_name_column_width=90))
 
 
+def step_breakdown(engine: Any, batch: int, repeat: int = 200) -> dict[str, float]:
+    """Microseconds per call of the decode step's forward graph and of its sampler at
+    ``batch`` rows, each run ``repeat`` times back to back (device time from CUDA events,
+    and wall time including the host's launches)."""
+    import time
+
+    from reasonctl.rollout.race_sampling import race_sample
+    from reasonctl.rollout.sampling import sample_tokens
+
+    decoder = engine.static_decoder
+    if decoder is None or decoder.graphs is None or not torch.cuda.is_available():
+        return {}
+    logits = decoder.buffers.logits[:batch]
+    seed = torch.tensor([5], device=logits.device)
+    generator = torch.Generator(logits.device).manual_seed(5)
+    parts = {
+        "forward_graph": lambda: decoder.graphs.run(batch),
+        "sample_fused": lambda: race_sample(logits, 1.0, seed),
+        "sample_stock": lambda: sample_tokens(logits, temperature=1.0, generator=generator,
+                                              race=decoder.race),
+    }
+    result = {}
+    for name, fn in parts.items():
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        wall = time.perf_counter()
+        start.record()
+        for _ in range(repeat):
+            fn()
+        end.record()
+        end.synchronize()
+        result[f"{name}_us"] = start.elapsed_time(end) * 1000 / repeat
+        result[f"{name}_wall_us"] = (time.perf_counter() - wall) * 1e6 / repeat
+    return result
+
+
 def main() -> None:
     """Run the engine and the baseline and print the comparison."""
     args = parse_args()
@@ -218,6 +258,11 @@ def main() -> None:
         f"= {tokens / seconds:.0f} tok/s")
     if args.profile:
         profile(engine, prompts)
+    if args.breakdown:
+        summary["step_breakdown"] = step_breakdown(engine, args.prompts)
+        summary["step_us"] = seconds / args.new_tokens * 1e6
+        log(f"one decode step {summary['step_us']:.0f} us (prefill included); parts: "
+            f"{summary['step_breakdown']}")
     summary["logprob_gap"] = logprob_gap(backend, prompts[: args.gap_rows],
                                          completions[: args.gap_rows])
     log(f"sampled log-prob gap vs trainer: {summary['logprob_gap']}")

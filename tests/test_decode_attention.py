@@ -140,15 +140,14 @@ def test_bad_shapes_are_named() -> None:
         decode_attention(qkv, cos, sin, positions, keys, values, heads=4, scale=1.0, splits=3)
 
 
-@pytest.mark.parametrize("kind,compiled,fused_linear", [
-    ("qwen2", False, False), ("qwen3", False, False), ("qwen2", True, False),
-    ("qwen2", False, True), ("qwen3", True, True),
+@pytest.mark.parametrize("kind,compiled", [
+    ("qwen2", False), ("qwen3", False), ("qwen2", True), ("qwen3", True),
 ])
 def test_engine_with_the_fused_kernels_gives_transformers_greedy_text(
-        kind: str, compiled: bool, fused_linear: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The decode step with the attention kernel (and the matmul kernels with their norm,
-    SwiGLU and residual fusions) in place of stock operations, eager and compiled (the
-    compiled graph must keep the kernel's cache writes), decodes as ``generate``."""
+        kind: str, compiled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decode step with the attention kernel in place of stock operations, eager and
+    compiled (the compiled graph must keep the kernel's cache writes), decodes as
+    ``generate``."""
     from test_decode_forward import _model
 
     from reasonctl.core.types import SamplingParams
@@ -156,8 +155,6 @@ def test_engine_with_the_fused_kernels_gives_transformers_greedy_text(
     from reasonctl.rollout.hf_engine import HFRolloutEngine
 
     monkeypatch.setattr(decode_forward, "default_splits", lambda *_: 2)
-    if not fused_linear:  # no batch is small enough for the matmul kernels
-        monkeypatch.setattr(decode_forward, "MAX_ROWS", 0)
     model = _model(kind, **({"head_dim": 16} if kind == "qwen2" else {}))
     tokenizer = type("Tok", (), {"pad_token_id": 0, "decode": lambda self, ids, **_: ""})()
     engine = HFRolloutEngine(model, tokenizer, eos_token_ids=[1], compile_decode=compiled,
@@ -167,7 +164,6 @@ def test_engine_with_the_fused_kernels_gives_transformers_greedy_text(
     assert engine.static_decoder is not None
     assert engine.static_decoder.decode_forward is not None
     assert engine.static_decoder.decode_forward.fused_attention
-    assert engine.static_decoder.decode_forward.fused_linear
     for prompt, group in zip(prompts, groups, strict=True):
         reference = model.generate(torch.tensor([prompt["input_ids"]]), max_new_tokens=12,
                                    do_sample=False, eos_token_id=1, pad_token_id=0)

@@ -152,10 +152,22 @@ class DecodeForward:
     # --- the step -------------------------------------------------------------------------
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
-                 allowed: torch.Tensor) -> torch.Tensor:
+                 allowed: torch.Tensor | None) -> torch.Tensor:
         """Logits ``[B, V]`` (compute dtype) for tokens ``input_ids`` (``[B]``) at
         ``positions`` (``[B]``) of the first ``B`` slots; stores their keys/values in
-        ``cache`` and attends where ``allowed`` (``[B, 1, 1, max_len]``) is true."""
+        ``cache`` and attends where ``allowed`` (``[B, 1, 1, max_len]``) is true (None when
+        :attr:`fused_attention`: that kernel attends up to each row's position)."""
+        return F.linear(self.hidden(input_ids, positions, cache, allowed), self.lm_head)
+
+    def logits_into(self, hidden: torch.Tensor, out: torch.Tensor) -> None:
+        """Write the logits of :meth:`hidden`'s output into ``out`` (``[B, V]``, compute
+        dtype, contiguous) with one matmul and no copy."""
+        torch.mm(hidden, self.lm_head.t(), out=out)
+
+    def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
+               allowed: torch.Tensor | None) -> torch.Tensor:
+        """The final-normalised hidden states ``[B, hidden]`` (compute dtype) from which
+        :meth:`__call__` takes the logits; arguments as there."""
         inner = self.model.model
         batch = input_ids.shape[0]
         x = inner.embed_tokens(input_ids)
@@ -174,15 +186,16 @@ class DecodeForward:
             h = layer.post_attention_layernorm(x)
             gate, up = F.linear(h.to(self.dtype), weights.gate_up).chunk(2, dim=-1)
             x = x + F.linear(layer.mlp.act_fn(gate) * up, weights.down)
-        return F.linear(inner.norm(x).to(self.dtype), self.lm_head)
+        return inner.norm(x).to(self.dtype)
 
     def _attention(self, attention: Any, qkv: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
-                   cache: SlotKVCache, layer_index: int, allowed: torch.Tensor,
+                   cache: SlotKVCache, layer_index: int, allowed: torch.Tensor | None,
                    splits: int) -> torch.Tensor:
         """One layer's attention output ``[B, heads * head_dim]`` (stores the new keys and
         values): the fused kernel where it runs, else stock operations."""
         if not self.fused_attention:
+            assert allowed is not None, "stock attention needs the mask"
             return self._attend(attention, qkv, cos, sin, rows, positions, cache,
                                 layer_index, allowed)
         batch = qkv.shape[0]

@@ -185,13 +185,21 @@ class StaticDecoder:
         assert self.cache is not None and self.buffers is not None
         buffers = self.buffers
         positions = buffers.positions[:batch]
-        allowed = (buffers.key_index.view(1, -1) <= positions.view(-1, 1)).view(batch, 1, 1, -1)
-        if self.decode_forward is not None:
-            logits = self._decode_step(buffers.input_ids[:batch], positions, self.cache, allowed)
+        step = self.decode_forward
+        if step is not None and step.fused_attention:  # bounded by positions, no mask
+            allowed = None
         else:
-            self.cache.prepare_decode(positions)
-            logits = self._decode_step(buffers.input_ids[:batch].view(batch, 1),
-                                       positions.view(batch, 1), allowed)
+            allowed = (buffers.key_index.view(1, -1) <= positions.view(-1, 1)).view(
+                batch, 1, 1, -1)
+        if step is not None:
+            hidden = self._decode_step(buffers.input_ids[:batch], positions, self.cache, allowed)
+            # the output head writes straight into the logits buffer (copying 64 rows of
+            # a 152k vocabulary would cost as much as a layer's matmul)
+            step.logits_into(hidden, buffers.logits[:batch])
+            return
+        self.cache.prepare_decode(positions)
+        logits = self._decode_step(buffers.input_ids[:batch].view(batch, 1),
+                                   positions.view(batch, 1), allowed)
         buffers.logits[:batch].copy_(logits)
 
     def call_model(self, ids: torch.Tensor, positions: torch.Tensor,
@@ -227,7 +235,7 @@ class StaticDecoder:
         if supports_decode_forward(self.model):
             self.decode_forward = DecodeForward(self.model, dtype,
                                                 fused_kernels=self.fused_kernels)
-            step = self.decode_forward.__call__
+            step = self.decode_forward.hidden
         if self.compile_decode:
             # one compiled function for every bucket: the batch dimension is symbolic
             step = torch.compile(step, dynamic=True)

@@ -8,7 +8,9 @@ noise, i.e. the exponential race) with counter-based random numbers generated wh
 are used, from a seed held in a device tensor, and takes the log-sum-exp in the same pass:
 
 1. ``partial``: one program per (row, chunk of the vocabulary) keeps the chunk's best
-   perturbed score and its index, and an online log-sum-exp of ``logits / T``.
+   perturbed score and its index and the chunk's maximum of ``logits / T``, then sums
+   ``exp(logits / T - maximum)`` in a second pass over the chunk (read from cache). Each
+   Philox draw (``tl.rand4x``) serves four entries.
 2. ``combine``: one program per row picks the best chunk (the lowest index among equal
    scores) and the token's log-probability under the temperature-scaled distribution.
 
@@ -80,34 +82,51 @@ def _kernels() -> tuple[Any, Any]:
         row = tl.program_id(0)
         chunk = tl.program_id(1)
         seed = tl.load(seed_ptr)
-        offsets = tl.arange(0, BLOCK)
-        best_score = tl.full((BLOCK,), float("-inf"), tl.float32)
-        best_index = tl.zeros((BLOCK,), tl.int32)
-        running_max = tl.full((BLOCK,), float("-inf"), tl.float32)
-        running_sum = tl.zeros((BLOCK,), tl.float32)
+        QUARTER: tl.constexpr = BLOCK // 4
+        lanes = tl.arange(0, QUARTER)
+        base = logits_ptr + row.to(tl.int64) * row_stride
+        best_score = tl.full((QUARTER,), float("-inf"), tl.float32)
+        best_index = tl.zeros((QUARTER,), tl.int32)
+        lane_max = tl.full((QUARTER,), float("-inf"), tl.float32)
         start = chunk * CHUNK
+        # one Philox draw gives four numbers: counter c serves the entries at the same
+        # lane of a block's four quarters; counters are unique per (row, entry / 4)
+        first_counter = (row.to(tl.int64) * chunks * CHUNK + start) // 4
         for block in range(start, start + CHUNK, BLOCK):
-            index = block + offsets
-            valid = index < vocab
-            x = tl.load(logits_ptr + row.to(tl.int64) * row_stride + index, mask=valid,
-                        other=float("-inf")).to(tl.float32) * inverse_t
-            uniform = tl.rand(seed, row.to(tl.int64) * vocab + index)
-            # Gumbel noise -log(-log(u)): the argmax of x + noise samples softmax(x)
-            score = tl.where(valid, x - tl.log(-tl.log(uniform)), float("-inf"))
-            better = score > best_score
-            best_score = tl.where(better, score, best_score)
-            best_index = tl.where(better, index, best_index)
-            new_max = tl.maximum(running_max, x)
-            scale = tl.where(new_max == float("-inf"), 0.0, tl.exp(running_max - new_max))
-            term = tl.where(valid, tl.exp(x - new_max), 0.0)
-            running_sum = running_sum * scale + term
-            running_max = new_max
-        # reduce the lanes: best score (lowest index on ties), then log-sum-exp parts
+            counter = first_counter + (block - start) // 4 + lanes
+            u0, u1, u2, u3 = tl.rand4x(seed, counter)
+            for quarter in tl.static_range(4):
+                if quarter == 0:
+                    uniform = u0
+                elif quarter == 1:
+                    uniform = u1
+                elif quarter == 2:
+                    uniform = u2
+                else:
+                    uniform = u3
+                index = block + quarter * QUARTER + lanes
+                valid = index < vocab
+                x = tl.load(base + index, mask=valid, other=float("-inf")).to(tl.float32) \
+                    * inverse_t
+                # Gumbel noise -log(-log(u)): the argmax of x + noise samples softmax(x)
+                score = tl.where(valid, x - tl.log(-tl.log(uniform)), float("-inf"))
+                better = score > best_score
+                best_score = tl.where(better, score, best_score)
+                best_index = tl.where(better, index, best_index)
+                lane_max = tl.maximum(lane_max, x)
+        # reduce the lanes: best score (lowest index on ties)
         top = tl.max(best_score, axis=0)
         top_index = tl.min(tl.where(best_score == top, best_index, 2147483647), axis=0)
-        peak = tl.max(running_max, axis=0)
-        total = tl.sum(tl.where(running_max == float("-inf"), 0.0,
-                                running_sum * tl.exp(running_max - peak)), axis=0)
+        # the chunk's sum of exp(x - peak), in a second pass over entries now in cache
+        peak = tl.max(lane_max, axis=0)
+        shift = tl.where(peak == float("-inf"), 0.0, peak)
+        offsets = tl.arange(0, BLOCK)
+        sums = tl.zeros((BLOCK,), tl.float32)
+        for block in range(start, start + CHUNK, BLOCK):
+            index = block + offsets
+            x = tl.load(base + index, mask=index < vocab, other=float("-inf")).to(tl.float32)
+            sums += tl.exp(x * inverse_t - shift)
+        total = tl.sum(sums, axis=0)
         at = row * chunks + chunk
         plane = tl.num_programs(0) * chunks
         tl.store(best_ptr + at, top)

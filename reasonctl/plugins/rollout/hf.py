@@ -48,9 +48,8 @@ class HFRolloutConfig(BaseModel):
         default=False,
         description="With decode = 'static' on CUDA with Triton installed, run the "
         "dedicated decode step's attention (rotary embedding, cache store and attention "
-        "bounded by each sequence's length) as one fused kernel, its matmuls as "
-        "small-batch kernels with the norms, SwiGLU and residual adds folded in, and "
-        "plain sampling as two kernels drawing their own noise. false: stock torch "
+        "bounded by each sequence's length) as one fused kernel and plain sampling "
+        "(no top-k/top-p) as two kernels drawing their own noise. false: stock torch "
         "operations. Off by default until its speed is benchmarked.",
     )
     graph_batch_sizes: list[int] = Field(
