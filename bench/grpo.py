@@ -65,9 +65,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true", help="reasonctl train.compile.")
     parser.add_argument("--rollout-compile", action="store_true",
                         help="Compile the rollout engine's decode step ([rollout.hf] compile).")
-    parser.add_argument("--rollout-fused-kernels", action="store_true",
-                        help="Fused Triton attention and sampling in the rollout engine "
-                        "([rollout.hf] fused_kernels).")
+    parser.add_argument("--rollout-stock-kernels", action="store_true",
+                        help="Stock torch attention and sampling in the rollout engine "
+                        "instead of the fused Triton kernels ([rollout.hf] fused_kernels "
+                        "= false).")
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--out", default="/tmp/reasonctl-bench")
     return parser.parse_args()
@@ -96,7 +97,7 @@ def run_reasonctl(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         "rollout": {"engine": "hf", "n": args.group, "temperature": 1.0, "top_p": 1.0,
                     "top_k": 0, "max_new_tokens": args.max_new_tokens,
                     "hf": {"compile": args.rollout_compile,
-                           "fused_kernels": args.rollout_fused_kernels}},
+                           "fused_kernels": not args.rollout_stock_kernels}},
         "rewards": {"components": [{"name": "bench.common:even_word_reward"}]},
         "train": {"lr": args.lr, "micro_batch_size": args.micro_batch, "max_steps": args.steps,
                   "compile": args.compile},

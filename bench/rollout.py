@@ -61,9 +61,9 @@ def parse_args() -> argparse.Namespace:
                         help="Run the static decode step eagerly ([rollout.hf] cuda_graphs).")
     parser.add_argument("--compile", action="store_true",
                         help="Compile the static decode step ([rollout.hf] compile).")
-    parser.add_argument("--fused-kernels", action="store_true",
-                        help="Fused Triton attention in the decode step "
-                        "([rollout.hf] fused_kernels = true).")
+    parser.add_argument("--stock-kernels", action="store_true",
+                        help="Stock torch attention and sampling in the decode step instead "
+                        "of the fused Triton kernels ([rollout.hf] fused_kernels = false).")
     parser.add_argument("--max-autotune", action="store_true",
                         help="With --compile, let the compiler autotune matmul kernels.")
     parser.add_argument("--profile", action="store_true",
@@ -82,7 +82,7 @@ def engine_config(ctx_values: dict[str, Any], max_batch_size: int,
     """``[rollout]`` values for the ``hf`` engine with room for every sequence at once."""
     engine = {"max_batch_size": max_batch_size, "decode": args.decode,
               "cuda_graphs": not args.no_cuda_graphs, "compile": args.compile,
-              "fused_kernels": args.fused_kernels}
+              "fused_kernels": not args.stock_kernels}
     return {**ctx_values, "hf": engine}
 
 

@@ -15,3 +15,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
     """Keep reasonctl's model cache inside the test session's temporary directory."""
     monkeypatch.setenv("REASONCTL_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture
+def triton_interpreter(monkeypatch: pytest.MonkeyPatch):
+    """Run the decode step's Triton kernels in Triton's interpreter (CPU tensors) for one
+    test: the kernels are defined anew under ``TRITON_INTERPRET=1`` and dropped after, so
+    no other test sees interpreted kernels."""
+    pytest.importorskip("triton")
+    from reasonctl.rollout import decode_attention, race_sampling
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for module in (decode_attention, race_sampling):
+        module._kernels.cache_clear()
+    yield
+    for module in (decode_attention, race_sampling):
+        module._kernels.cache_clear()

@@ -3,14 +3,8 @@ plain torch computation it replaces."""
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is defined
-
 import pytest
 import torch
-
-pytest.importorskip("triton")
 
 from reasonctl.rollout import decode_attention as attention_module
 from reasonctl.rollout.decode_attention import (
@@ -18,12 +12,9 @@ from reasonctl.rollout.decode_attention import (
     decode_attention_reference,
 )
 
+pytest.importorskip("triton")
 
-@pytest.fixture(autouse=True)
-def interpreted_kernels():
-    attention_module._kernels.cache_clear()
-    yield
-    attention_module._kernels.cache_clear()
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 
 def rotary_tables(positions: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,10 +3,6 @@ repeatability and draws that follow the softmax."""
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is defined
-
 import pytest
 import torch
 
@@ -16,14 +12,8 @@ from reasonctl.rollout import race_sampling
 from reasonctl.rollout.race_sampling import race_sample
 
 # masked lanes compute inf - inf before it is discarded; the interpreter says so
-pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
-
-
-@pytest.fixture(autouse=True)
-def interpreted_kernels():
-    race_sampling._kernels.cache_clear()
-    yield
-    race_sampling._kernels.cache_clear()
+pytestmark = [pytest.mark.usefixtures("triton_interpreter"),
+              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
 
 
 def seed(value: int) -> torch.Tensor:

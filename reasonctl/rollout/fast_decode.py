@@ -118,7 +118,7 @@ class StaticDecoder:
         graph_batch_sizes: Sequence[int] = DEFAULT_GRAPH_BATCH_SIZES,
         cuda_graphs: bool = True,
         compile_decode: bool = False,
-        fused_kernels: bool = False,
+        fused_kernels: bool = True,
     ) -> None:
         self.model = model
         self.pad_token_id = pad_token_id

@@ -91,7 +91,7 @@ class HFRolloutEngine:
         cuda_graphs: bool = True,
         graph_batch_sizes: Sequence[int] = DEFAULT_GRAPH_BATCH_SIZES,
         compile_decode: bool = False,
-        fused_kernels: bool = False,
+        fused_kernels: bool = True,
     ) -> None:
         if max_batch_size <= 0:
             raise ValueError(f"max_batch_size must be positive (got {max_batch_size})")
