@@ -71,6 +71,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--breakdown", action="store_true",
                         help="Also time the parts of one decode step at the full batch: the "
                         "forward graph alone, the sampler alone.")
+    parser.add_argument("--sync-every", type=int, default=0,
+                        help="Decode steps between host synchronisations (the engine's "
+                        "SYNC_EVERY; 0 keeps its value).")
     parser.add_argument("--skip-generate", action="store_true",
                         help="Skip the sampled transformers baseline (slow).")
     parser.add_argument("--out", default="/tmp/reasonctl-bench")
@@ -222,6 +225,10 @@ def main() -> None:
         import torch._inductor.config as inductor_config
 
         inductor_config.max_autotune_gemm = True
+    if args.sync_every:
+        from reasonctl.rollout import fast_decode
+
+        fast_decode.SYNC_EVERY = args.sync_every
     out = Path(args.out)
     model_dir = build_model_dir(out / "models", args.size)
     prompts = random_rows(args.prompts, args.prompt_len, seed=2)

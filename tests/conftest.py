@@ -9,12 +9,21 @@ import pytest
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Triton builds its own library functions for the interpreter only when this is set at
+# its import; tests switch the interpreter off again unless they ask for it (below)
+os.environ["TRITON_INTERPRET"] = "1"
 
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
     """Keep reasonctl's model cache inside the test session's temporary directory."""
     monkeypatch.setenv("REASONCTL_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture(autouse=True)
+def _no_triton_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU runs skip the Triton kernels, as they do outside tests."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
 
 
 @pytest.fixture

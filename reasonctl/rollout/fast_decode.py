@@ -92,6 +92,23 @@ class _Buffers:
             tensor.index_copy_(0, targets, tensor.index_select(0, sources))
 
 
+def record_step(tokens: torch.Tensor, logprobs: torch.Tensor, done: torch.Tensor,
+                generated: torch.Tensor, window_tokens: torch.Tensor,
+                window_logprobs: torch.Tensor, window_valid: torch.Tensor,
+                input_ids: torch.Tensor, eos: torch.Tensor, max_new_tokens: int) -> None:
+    """Book one sampled token per row on the device, in place: the window column
+    (``window_*``, valid where the row was not yet done), the count of generated tokens,
+    the done flags (an end token or ``max_new_tokens`` reached) and the next step's
+    ``input_ids``."""
+    live = ~done
+    window_tokens.copy_(tokens)
+    window_logprobs.copy_(logprobs)
+    window_valid.copy_(live)
+    generated.add_(live)
+    done.logical_or_(torch.isin(tokens, eos) | (generated >= max_new_tokens))
+    input_ids.copy_(tokens)
+
+
 class StaticDecoder:
     """Generates text completions with a static KV cache reused across calls.
 
@@ -140,6 +157,9 @@ class StaticDecoder:
         self._decode_step: Any = None
         self.race: Any = torch.compile(exponential_race, dynamic=True) if compile_decode \
             else exponential_race
+        self.record: Any = torch.compile(record_step, dynamic=True) if compile_decode \
+            else record_step
+        """:func:`record_step`, compiled with the decode step (one kernel instead of ten)."""
 
     @property
     def uses_cuda_graphs(self) -> bool:
@@ -325,14 +345,10 @@ class _Run:
                 b.logits[:batch], temperature=params.temperature, top_k=params.top_k,
                 top_p=params.top_p, generator=self.generator, race=self.decoder.race,
             )
-        live = ~b.done[:batch]
-        b.window_tokens[:batch, col] = tokens
-        b.window_logprobs[:batch, col] = logprobs
-        b.window_valid[:batch, col] = live
-        b.generated[:batch] += live
-        b.done[:batch] |= torch.isin(tokens, self.eos) | (
-            b.generated[:batch] >= params.max_new_tokens)
-        b.input_ids[:batch] = tokens
+        self.decoder.record(tokens, logprobs, b.done[:batch], b.generated[:batch],
+                            b.window_tokens[:batch, col], b.window_logprobs[:batch, col],
+                            b.window_valid[:batch, col], b.input_ids[:batch], self.eos,
+                            params.max_new_tokens)
 
     def _forward(self, batch: int) -> None:
         if self.decoder.graphs is not None:
