@@ -8,7 +8,11 @@ rows, bf16, on CUDA:
   path it replaces (rotary, indexed cache stores, SDPA over the whole cache with a mask),
   for rows of mixed lengths up to ``--max-len``;
 - sampling: :func:`reasonctl.rollout.race_sampling.race_sample` against drawing the noise
-  and running :func:`reasonctl.rollout.sampling.exponential_race`, eager and compiled.
+  and running :func:`reasonctl.rollout.sampling.exponential_race`, eager and compiled;
+- mlp: :func:`reasonctl.rollout.decode_mlp.gated_silu` (at its chosen tiles and a sweep
+  of others) against ``F.linear`` followed by the compiled SwiGLU activation. Each timed
+  call reads a different copy of the weight (as many copies as ``--repeat``), so the
+  weights come from memory, not from the L2 cache, as they do in a decode step.
 
 Each variant is first checked against the reference, then timed as a CUDA graph of
 ``--repeat`` calls (so launch overhead is that of a decode step's graph), median of
@@ -42,7 +46,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-len", type=int, default=640)
     parser.add_argument("--repeat", type=int, default=24)
     parser.add_argument("--trials", type=int, default=20)
-    parser.add_argument("--parts", default="attention,sampling",
+    parser.add_argument("--parts", default="attention,sampling,mlp",
                         help="Comma-separated kernels to check and time.")
     return parser.parse_args()
 
@@ -160,6 +164,50 @@ def sampling_bench(args: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
+def mlp_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """The gate/up projection and SwiGLU: ``F.linear`` and a compiled activation against
+    :func:`~reasonctl.rollout.decode_mlp.gated_silu` at a sweep of tiles."""
+    import torch.nn.functional as F
+
+    from reasonctl.rollout.decode_mlp import Tiles, choose_tiles, gated_silu
+
+    depth, ffn = SHAPES[args.size][:2]
+    columns = 2 * ffn
+    device = torch.device("cuda")
+    gen = torch.Generator(device).manual_seed(4)
+    x = torch.randn(args.batch, depth, device=device, generator=gen).bfloat16()
+    weights = [torch.randn(columns, depth, device=device, generator=gen).bfloat16()
+               / depth ** 0.5 for _ in range(args.repeat)]
+    activation = torch.compile(lambda y: F.silu(y[:, : columns // 2]) * y[:, columns // 2 :])
+    calls = iter(range(10**9))
+
+    def pick() -> torch.Tensor:
+        return weights[next(calls) % len(weights)]
+
+    expected = activation(F.linear(x, weights[0]))
+    row: dict[str, Any] = {"linear_and_activation_us": time_graph(
+        lambda: activation(F.linear(x, pick())), args.repeat, args.trials)}
+    chosen = choose_tiles(depth)
+    candidates = [chosen] + [Tiles(n, k, w, st) for n in (32, 64, 128) for k in (64, 128)
+                             for w in (4, 8) for st in (3, 4) if n * k <= 8192]
+    timings = []
+    for tiles in candidates:
+        try:
+            error = float((gated_silu(x, weights[0], tiles).float()
+                           - expected.float()).abs().max())
+            micros = time_graph(lambda t=tiles: gated_silu(x, pick(), t), args.repeat,
+                                args.trials)
+        except Exception as exc:  # a setting that does not fit is skipped
+            log(f"gated {tiles}: {type(exc).__name__}: {str(exc)[:120]}")
+            continue
+        timings.append((micros, tiles, error))
+    row["chosen"] = {"tiles": str(chosen), "us": timings[0][0], "max_error": timings[0][2]}
+    timings.sort(key=lambda item: item[0])
+    row["best"] = [{"tiles": str(t), "us": us, "max_error": err} for us, t, err in timings[:6]]
+    log(f"mlp gate_up_silu: {row}")
+    return row
+
+
 def main() -> None:
     """Time each kernel and print the comparison."""
     args = parse_args()
@@ -167,7 +215,7 @@ def main() -> None:
         raise SystemExit("bench.decode_kernels needs a CUDA device")
     summary: dict[str, Any] = {"bench": "decode_kernels", "size": args.size,
                                "batch": args.batch, "max_len": args.max_len, **environment()}
-    parts = {"attention": attention_bench, "sampling": sampling_bench}
+    parts = {"attention": attention_bench, "sampling": sampling_bench, "mlp": mlp_bench}
     chosen = [part.strip() for part in args.parts.split(",") if part.strip()]
     unknown = sorted(set(chosen) - set(parts))
     if unknown:

@@ -69,6 +69,9 @@ def parse_args() -> argparse.Namespace:
                         help="Stock torch attention and sampling in the rollout engine "
                         "instead of the fused Triton kernels ([rollout.hf] fused_kernels "
                         "= false).")
+    parser.add_argument("--rollout-stock-mlp", action="store_true",
+                        help="The gate/up matmul and a separate activation instead of the "
+                        "rollout's fused gate/up kernel.")
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--out", default="/tmp/reasonctl-bench")
     return parser.parse_args()
@@ -199,6 +202,10 @@ def run_trl(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     """Run the implementations and print the comparison."""
     args = parse_args()
+    if args.rollout_stock_mlp:
+        from reasonctl.rollout import decode_forward
+
+        decode_forward.FUSED_MLP_ROWS = 0  # no batch is small enough
     out = Path(args.out)
     model_dir = build_model_dir(out / "models", args.size)
     summary: dict[str, Any] = {

@@ -71,6 +71,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--breakdown", action="store_true",
                         help="Also time the parts of one decode step at the full batch: the "
                         "forward graph alone, the sampler alone.")
+    parser.add_argument("--phases", action="store_true",
+                        help="Also run one rollout with the time of its phases recorded "
+                        "(prefill, host synchronisation and hand-over, detokenising, the "
+                        "rest is decode steps); synchronises around each, so slightly slower.")
+    parser.add_argument("--stock-mlp", action="store_true",
+                        help="The gate/up matmul and a separate activation instead of the "
+                        "fused gate/up kernel (the other fused kernels stay).")
     parser.add_argument("--sync-every", type=int, default=0,
                         help="Decode steps between host synchronisations (the engine's "
                         "SYNC_EVERY; 0 keeps its value).")
@@ -181,6 +188,50 @@ def profile(engine: Any, prompts: list[list[int]]) -> None:
     log(prof.key_averages().table(sort_by=sort, row_limit=45, max_name_column_width=90))
 
 
+def rollout_phases(engine: Any, prompts: list[list[int]], new_tokens: int
+                   ) -> dict[str, float]:
+    """Milliseconds spent in each phase of one rollout of ``prompts``: the prefill calls,
+    the synchronisations with their hand-over of tokens to the rows, the completions'
+    detokenising, and the total (the remainder is the decode steps)."""
+    import time
+
+    from reasonctl.rollout import fast_decode
+
+    spent = {"prefill_ms": 0.0, "collect_ms": 0.0, "detokenise_ms": 0.0}
+    originals = {}
+
+    def timed(owner: Any, name: str, key: str) -> None:
+        original = getattr(owner, name)
+        originals[(owner, name)] = original
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            result = original(*args, **kwargs)
+            torch.cuda.synchronize()
+            spent[key] += (time.perf_counter() - started) * 1e3
+            return result
+
+        setattr(owner, name, wrapper)
+
+    decoder = engine.static_decoder
+    timed(fast_decode._Run, "_prefill", "prefill_ms")
+    timed(fast_decode._Run, "_collect", "collect_ms")
+    timed(decoder, "decode", "detokenise_ms")
+    try:
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        engine_generate(engine, prompts, sampling(new_tokens, temperature=1.0, seed=4))
+        torch.cuda.synchronize()
+        spent["total_ms"] = (time.perf_counter() - started) * 1e3
+    finally:
+        for (owner, name), original in originals.items():
+            setattr(owner, name, original)
+    spent["decode_steps_ms"] = spent["total_ms"] - sum(
+        v for k, v in spent.items() if k != "total_ms")
+    return spent
+
+
 def step_breakdown(engine: Any, batch: int, repeat: int = 200) -> dict[str, float]:
     """Microseconds per call of the decode step's forward graph and of its sampler at
     ``batch`` rows, each run ``repeat`` times back to back (device time from CUDA events,
@@ -225,6 +276,10 @@ def main() -> None:
         import torch._inductor.config as inductor_config
 
         inductor_config.max_autotune_gemm = True
+    if args.stock_mlp:
+        from reasonctl.rollout import decode_forward
+
+        decode_forward.FUSED_MLP_ROWS = 0  # no batch is small enough
     if args.sync_every:
         from reasonctl.rollout import fast_decode
 
@@ -256,6 +311,8 @@ def main() -> None:
     step = getattr(decoder, "decode_forward", None)
     summary["reasonctl"] = {"decode": engine.last_stats.decode, "compile": args.compile,
                             "fused_attention": bool(getattr(step, "fused_attention", False)),
+                            "fused_mlp": bool(getattr(step, "fused_mlp", False))
+                            and not args.stock_mlp,
                             "max_autotune": args.max_autotune,
                             "tokens": tokens, "seconds": seconds,
                             "tokens_per_s": tokens / seconds,
@@ -270,6 +327,9 @@ def main() -> None:
         summary["step_us"] = seconds / args.new_tokens * 1e6
         log(f"one decode step {summary['step_us']:.0f} us (prefill included); parts: "
             f"{summary['step_breakdown']}")
+    if args.phases and torch.cuda.is_available() and engine.static_decoder is not None:
+        summary["phases"] = rollout_phases(engine, prompts, args.new_tokens)
+        log(f"rollout phases: {summary['phases']}")
     summary["logprob_gap"] = logprob_gap(backend, prompts[: args.gap_rows],
                                          completions[: args.gap_rows])
     log(f"sampled log-prob gap vs trainer: {summary['logprob_gap']}")

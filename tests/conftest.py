@@ -12,6 +12,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Triton builds its own library functions for the interpreter only when this is set at
 # its import; tests switch the interpreter off again unless they ask for it (below)
 os.environ["TRITON_INTERPRET"] = "1"
+try:  # imported now, while that holds (a model's construction may import it later)
+    import triton  # noqa: F401
+except ImportError:
+    pass
 
 
 @pytest.fixture(autouse=True)
@@ -32,11 +36,12 @@ def triton_interpreter(monkeypatch: pytest.MonkeyPatch):
     test: the kernels are defined anew under ``TRITON_INTERPRET=1`` and dropped after, so
     no other test sees interpreted kernels."""
     pytest.importorskip("triton")
-    from reasonctl.rollout import decode_attention, race_sampling
-
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    for module in (decode_attention, race_sampling):
+    from reasonctl.rollout import decode_attention, decode_mlp, race_sampling
+
+    modules = (decode_attention, decode_mlp, race_sampling)
+    for module in modules:
         module._kernels.cache_clear()
     yield
-    for module in (decode_attention, race_sampling):
+    for module in modules:
         module._kernels.cache_clear()

@@ -41,9 +41,22 @@ def _model(kind: str, **extra: Any) -> Any:
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
 def test_decode_step_equals_the_full_forward_pass(kind: str) -> None:
+    _check_decode_step(kind, fused=False)
+
+
+@pytest.mark.usefixtures("triton_interpreter")
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+def test_decode_step_with_fused_kernels_equals_the_full_forward_pass(kind: str) -> None:
+    pytest.importorskip("triton")
+    _check_decode_step(kind, fused=True)
+
+
+def _check_decode_step(kind: str, *, fused: bool) -> None:
     model = _model(kind)
     assert supports_decode_forward(model)
-    step = DecodeForward(model, torch.float32)
+    step = DecodeForward(model, torch.float32, fused_kernels=fused)
+    assert step.fused_mlp is fused
+    assert step.fused_attention is (fused and kind == "qwen3")  # the others: head size 8
     ids = torch.randint(0, SHAPE["vocab_size"], (3, 9), generator=torch.Generator().manual_seed(1))
     lengths = [9, 5, 7]  # rows of different lengths: each decodes at its own position
     cache = SlotKVCache(layers=2, slots=3, kv_heads=2, max_len=16,
@@ -56,7 +69,7 @@ def test_decode_step_equals_the_full_forward_pass(kind: str) -> None:
             positions = torch.tensor([min(position, n - 1) for n in lengths])
             tokens = ids[torch.arange(3), positions]
             allowed = (key_index.view(1, -1) <= positions.view(-1, 1)).view(3, 1, 1, -1)
-            logits = step(tokens, positions, cache, allowed)
+            logits = step(tokens, positions, cache, None if step.fused_attention else allowed)
         for row, length in enumerate(lengths):
             reference = model(input_ids=ids[row : row + 1, :length]).logits[0, -1]
             torch.testing.assert_close(logits[row], reference, rtol=1e-4, atol=1e-4)
@@ -100,6 +113,24 @@ def test_engine_uses_the_step_and_compiled_step_gives_the_same_greedy_text(
         reference = model.generate(torch.tensor([prompt["input_ids"]]), max_new_tokens=20,
                                    do_sample=False)
         assert group[0].token_ids == reference[0, len(prompt["input_ids"]) :].tolist()
+
+
+@pytest.mark.usefixtures("triton_interpreter")
+def test_compiled_engine_with_fused_kernels_matches_greedy_generate() -> None:
+    from reasonctl.rollout.hf_engine import HFRolloutEngine
+
+    model = _model("qwen3")
+    engine = HFRolloutEngine(model, _NoTextTokenizer(), eos_token_ids=[96], pad_token_id=0,
+                             compile_decode=True)
+    prompts = [list(range(5, 5 + n)) for n in (3, 8, 5)]
+    groups = engine.generate([{"input_ids": p} for p in prompts],
+                             SamplingParams(temperature=0.0, max_new_tokens=10))
+    step = engine.static_decoder.decode_forward
+    assert step is not None and step.fused_mlp and step.fused_attention
+    for prompt, group in zip(prompts, groups, strict=True):
+        reference = model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False,
+                                   eos_token_id=96, pad_token_id=0)
+        assert group[0].token_ids == reference[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("vocab", [151936, 97, 128])

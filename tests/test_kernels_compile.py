@@ -26,7 +26,7 @@ def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
                           timeout=600, cwd=Path(__file__).parent.parent)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("compiled ")]
-    assert len(lines) == 7, proc.stdout  # every variant built below
+    assert len(lines) == 8, proc.stdout  # every variant built below
     for line in lines:
         shared = int(line.rsplit(" ", 1)[1])
         assert shared <= SHARED_MEMORY_LIMIT, line
@@ -38,7 +38,7 @@ def compile_all() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from reasonctl.rollout import decode_attention, race_sampling
+    from reasonctl.rollout import decode_attention, decode_mlp, race_sampling
 
     target = GPUTarget("cuda", 90, 32)
 
@@ -73,6 +73,12 @@ def compile_all() -> None:
                    "logprobs_ptr": "*fp32", "row_stride": "i32", "chunks": "i32",
                    "inverse_t": "fp32"}, {"CHUNKS_PAD": 64}, num_warps=1)
 
+    tiles = decode_mlp.choose_tiles(896)
+    build(decode_mlp._kernels(), {
+        "x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "rows": "i32", "ffn": "i32",
+        "depth": "i32", "x_stride": "i32", "w_stride": "i32",
+    }, {"BLOCK_M": 64, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k, "EVEN_K": True,
+        "EVEN_N": True, "UPCAST": False}, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
 if __name__ == "__main__":
     compile_all()

@@ -217,3 +217,22 @@ def test_vision_prompts_match_generate_per_prompt(tmp_path: Path) -> None:
         assert group[0].token_ids == out[0, len(enc.input_ids) :].tolist()
     assert len({t for g in groups for t in g[0].token_ids}) > 5
     assert groups[0][0].token_ids != groups[2][0].token_ids  # the images matter
+
+
+def test_completions_are_detokenised_in_one_batch_as_decode_gives_them(
+        model: Any, tokenizer: Any) -> None:
+    engine = HFRolloutEngine(model, tokenizer)
+    generator = torch.Generator().manual_seed(3)
+    rows = [torch.randint(0, len(tokenizer), (n,), generator=generator).tolist()
+            for n in (1, 7, 40)]
+    rows.append([tokenizer.eos_token_id, *rows[1], tokenizer.eos_token_id])  # special tokens
+    expected = [tokenizer.decode(ids, skip_special_tokens=True) for ids in rows]
+    assert engine._decode_many(rows) == expected
+    calls: list[Any] = []
+    cleans_up = tokenizer.clean_up_tokenization_spaces
+    tokenizer.clean_up_tokenization_spaces = True  # the backend's batch would skip it
+    try:
+        engine._decode = lambda ids: calls.append(ids) or "x"  # type: ignore[method-assign]
+        assert engine._decode_many(rows) == ["x"] * len(rows) and calls == rows
+    finally:
+        tokenizer.clean_up_tokenization_spaces = cleans_up

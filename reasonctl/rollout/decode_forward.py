@@ -18,6 +18,8 @@ engine repeats hundreds of times: one new token per slot of a
   weights change between rollouts.
 - Norms, the activation and the embedding are the model's own modules and parameters;
   rotary angles use the model's ``inv_freq`` and attention scaling.
+- With ``fused_kernels`` (at most :data:`FUSED_MLP_ROWS` rows), the gate/up projection
+  and the SiLU activation run as one kernel (:mod:`reasonctl.rollout.decode_mlp`).
 
 Supported: model types in :data:`SUPPORTED_MODEL_TYPES` with full attention, a static
 rotary frequency table (not the ``dynamic``/``longrope`` types) and no MLP bias; other
@@ -38,8 +40,12 @@ from reasonctl.rollout.decode_attention import (
     processor_count,
     supports_fused_attention,
 )
+from reasonctl.rollout.decode_mlp import choose_tiles, gated_silu, supports_gated_silu
 from reasonctl.rollout.slot_cache import SlotKVCache
 
+FUSED_MLP_ROWS = 64
+"""Batches up to this many rows use the fused gate/up kernel (its tiles are chosen for
+them); larger ones use the library matmul and a separate activation."""
 SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 
@@ -81,8 +87,10 @@ class DecodeForward:
 
     ``dtype`` is the matmul (compute) dtype. With ``fused_kernels``, attention runs as
     :func:`~reasonctl.rollout.decode_attention.decode_attention` where that kernel runs
-    (CUDA, Triton, power-of-two head size). Call :meth:`refresh` after the model's weights
-    change; :meth:`__call__` runs one step.
+    (CUDA, Triton, power-of-two head size), and the gate/up projection with its activation
+    as :func:`~reasonctl.rollout.decode_mlp.gated_silu` where that runs (CUDA, Triton, a
+    SiLU-gated MLP). Call :meth:`refresh` after the
+    model's weights change; :meth:`__call__` runs one step.
     """
 
     def __init__(self, model: Any, dtype: torch.dtype, *, fused_kernels: bool = False) -> None:
@@ -103,6 +111,10 @@ class DecodeForward:
         self.processors = processor_count(device)  # asked once, outside compiled code
         self.q_norm_eps = float(getattr(getattr(attention, "q_norm", None),
                                         "variance_epsilon", 1e-6))
+        self.fused_mlp = (fused_kernels and supports_gated_silu(device)
+                          and getattr(config, "hidden_act", None) in ("silu", "swish"))
+        """The gate/up projection and its activation run as one fused kernel."""
+        self.mlp_tiles = choose_tiles(config.hidden_size)
         self.layers = [self._allocate(layer) for layer in inner.layers]
         self.lm_head = self._own_or_copy(model.get_output_embeddings().weight)
         self.refresh()
@@ -175,6 +187,7 @@ class DecodeForward:
         rows = torch.arange(batch, device=input_ids.device)
         splits = default_splits(cache.slots, self.kv_heads, cache.max_len, self.processors) \
             if self.fused_attention else 1
+        fused_mlp = self.fused_mlp and batch <= FUSED_MLP_ROWS
         for layer_index, (layer, weights) in enumerate(
                 zip(inner.layers, self.layers, strict=True)):
             attention = layer.self_attn
@@ -183,9 +196,13 @@ class DecodeForward:
             attended = self._attention(attention, qkv, cos, sin, rows, positions, cache,
                                        layer_index, allowed, splits)
             x = x + F.linear(attended.to(self.dtype), weights.out, weights.out_bias)
-            h = layer.post_attention_layernorm(x)
-            gate, up = F.linear(h.to(self.dtype), weights.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(layer.mlp.act_fn(gate) * up, weights.down)
+            h = layer.post_attention_layernorm(x).to(self.dtype)
+            if fused_mlp:
+                activated = gated_silu(h, weights.gate_up, self.mlp_tiles)
+            else:
+                gate, up = F.linear(h, weights.gate_up).chunk(2, dim=-1)
+                activated = layer.mlp.act_fn(gate) * up
+            x = x + F.linear(activated, weights.down)
         return inner.norm(x).to(self.dtype)
 
     def _attention(self, attention: Any, qkv: torch.Tensor, cos: torch.Tensor,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import inspect
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,6 +132,7 @@ class StaticDecoder:
         eos_token_ids: Sequence[int],
         decode: Decode,
         max_batch_size: int,
+        decode_many: Callable[[list[list[int]]], list[str]] | None = None,
         graph_batch_sizes: Sequence[int] = DEFAULT_GRAPH_BATCH_SIZES,
         cuda_graphs: bool = True,
         compile_decode: bool = False,
@@ -141,6 +142,8 @@ class StaticDecoder:
         self.pad_token_id = pad_token_id
         self.eos_token_ids = sorted(eos_token_ids)
         self.decode = decode
+        self.decode_many = decode_many or (lambda rows: [decode(ids) for ids in rows])
+        """Texts of many finished completions at once (by default, ``decode`` on each)."""
         self.max_batch_size = max_batch_size
         self.graph_batch_sizes = sorted({b for b in graph_batch_sizes if b > 0})
         self.cuda_graphs = cuda_graphs
@@ -187,8 +190,9 @@ class StaticDecoder:
         run = _Run(self, prompts, params, sequences, slots, generator)
         run.execute()
         groups: list[list[Completion]] = [[] for _ in prompts]
+        texts = self.decode_many([seq.ids for seq in sequences if seq.text is None])[::-1]
         for seq in sequences:
-            text = seq.text if seq.text is not None else self.decode(seq.ids)
+            text = seq.text if seq.text is not None else texts.pop()
             finish = "length" if seq.finish == "length" else "stop"
             groups[seq.prompt_index].append(Completion(text, seq.ids, seq.logprobs, finish))
         return groups

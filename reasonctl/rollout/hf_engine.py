@@ -120,7 +120,8 @@ class HFRolloutEngine:
         if decode == "static" and supports_static_decode(model):
             self.static_decoder = StaticDecoder(
                 model, pad_token_id=self.pad_token_id, eos_token_ids=self.eos_token_ids,
-                decode=self._decode, max_batch_size=max_batch_size,
+                decode=self._decode, decode_many=self._decode_many,
+                max_batch_size=max_batch_size,
                 graph_batch_sizes=graph_batch_sizes, cuda_graphs=cuda_graphs,
                 compile_decode=compile_decode, fused_kernels=fused_kernels,
             )
@@ -258,6 +259,15 @@ class HFRolloutEngine:
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
+    def _decode_many(self, rows: Sequence[Sequence[int]]) -> list[str]:
+        """The texts of many completions, as :meth:`_decode` gives them: in one batch call
+        to a fast tokenizer's backend (which decodes rows in parallel) where its output is
+        the same (no clean-up of tokenization spaces), else row by row."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None or getattr(self.tokenizer, "clean_up_tokenization_spaces", False):
+            return [self._decode(ids) for ids in rows]
+        return backend.decode_batch([list(ids) for ids in rows], skip_special_tokens=True)
+
     def _generate_chunk(
         self, prompts: Sequence[dict[str, Any]], params: SamplingParams,
         generator: torch.Generator,
@@ -266,8 +276,9 @@ class HFRolloutEngine:
         for rows in self._decode_loop(prompts, params, generator):  # noqa: B007 (last wins)
             pass
         groups: list[list[Completion]] = [[] for _ in prompts]
+        texts = self._decode_many([row.ids for row in rows if row.text is None])[::-1]
         for row in rows:
-            text = row.text if row.text is not None else self._decode(row.ids)
+            text = row.text if row.text is not None else texts.pop()
             finish = "length" if row.finish == "length" else "stop"
             groups[row.prompt_index].append(Completion(text, row.ids, row.logprobs, finish))
         return groups
