@@ -217,7 +217,7 @@ def rollout_phases(engine: Any, prompts: list[list[int]], new_tokens: int
     decoder = engine.static_decoder
     timed(fast_decode._Run, "_prefill", "prefill_ms")
     timed(fast_decode._Run, "_collect", "collect_ms")
-    timed(decoder, "decode", "detokenise_ms")
+    timed(decoder, "decode_many", "detokenise_ms")
     try:
         torch.cuda.synchronize()
         started = time.perf_counter()

@@ -89,8 +89,8 @@ class DecodeForward:
     :func:`~reasonctl.rollout.decode_attention.decode_attention` where that kernel runs
     (CUDA, Triton, power-of-two head size), and the gate/up projection with its activation
     as :func:`~reasonctl.rollout.decode_mlp.gated_silu` where that runs (CUDA, Triton, a
-    SiLU-gated MLP). Call :meth:`refresh` after the
-    model's weights change; :meth:`__call__` runs one step.
+    SiLU-gated MLP). Call :meth:`refresh` after the model's weights change;
+    :meth:`__call__` runs one step.
     """
 
     def __init__(self, model: Any, dtype: torch.dtype, *, fused_kernels: bool = False) -> None:

@@ -48,10 +48,10 @@ class HFRolloutConfig(BaseModel):
         default=True,
         description="With decode = 'static' on CUDA with Triton installed, run the "
         "dedicated decode step's attention (rotary embedding, cache store and attention "
-        "bounded by each sequence's length) as one fused kernel and plain sampling "
-        "(no top-k/top-p) as two kernels drawing their own noise (1.2x the decode "
-        "throughput of the stock operations compiled, 1.5x not compiled; see "
-        "bench/RESULTS.md). false: stock torch operations.",
+        "bounded by each sequence's length) as one fused kernel, its MLP gate/up "
+        "projection with the activation as one kernel, and plain sampling (no "
+        "top-k/top-p) as two kernels drawing their own noise (see bench/RESULTS.md). "
+        "false: stock torch operations.",
     )
     graph_batch_sizes: list[int] = Field(
         default_factory=lambda: list(DEFAULT_GRAPH_BATCH_SIZES),
