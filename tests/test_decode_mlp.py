@@ -55,5 +55,7 @@ def test_bad_input_names_every_problem() -> None:
     for part in ("gate_up needs an even row count", "must share a dtype",
                  "block_n must be a power of two", "block_k must be a power of two"):
         assert part in message
+    with pytest.raises(ValueError, match="at most 128"):
+        gated_silu(torch.zeros(129, 32), torch.zeros(16, 32), Tiles(32, 32))
     with pytest.raises(ValueError, match=r"x must be \[M, K\] and gate_up \[2F, K\]"):
         gated_silu(torch.zeros(4, 32), torch.zeros(16, 48), Tiles(32, 32))

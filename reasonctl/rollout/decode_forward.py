@@ -44,8 +44,8 @@ from reasonctl.rollout.decode_mlp import choose_tiles, gated_silu, supports_gate
 from reasonctl.rollout.slot_cache import SlotKVCache
 
 FUSED_MLP_ROWS = 64
-"""Batches up to this many rows use the fused gate/up kernel (its tiles are chosen for
-them); larger ones use the library matmul and a separate activation."""
+"""Batches up to this many rows use the fused gate/up kernel (its tiles were chosen at
+64 rows); larger ones use the library matmul and a separate activation."""
 SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 

@@ -29,6 +29,10 @@ def supports_gated_silu(device: torch.device) -> bool:
     return (device.type == "cuda" or interpreting()) and triton_available()
 
 
+MAX_ROWS = 128
+"""The most rows :func:`gated_silu` takes: every program holds all rows' accumulators."""
+
+
 @dataclass(frozen=True)
 class Tiles:
     """How :func:`gated_silu` covers the product: columns of the gate (and of the up
@@ -54,6 +58,9 @@ def _check(x: torch.Tensor, weight: torch.Tensor, block_n: int, block_k: int) ->
                         f"{list(weight.shape)}")
     elif weight.shape[0] % 2:
         problems.append(f"gate_up needs an even row count, got {weight.shape[0]}")
+    if x.dim() == 2 and x.shape[0] > MAX_ROWS:
+        problems.append(f"x has {x.shape[0]} rows; at most {MAX_ROWS} (use F.linear and "
+                        "the activation for larger batches)")
     if x.dtype != weight.dtype:
         problems.append(f"x ({x.dtype}) and gate_up ({weight.dtype}) must share a dtype")
     if x.dim() == 2 and weight.dim() == 2 and (x.stride(1) != 1 or weight.stride(1) != 1):
