@@ -188,6 +188,14 @@ def now() -> float:
     return time.perf_counter()
 
 
+def use_stock_mlp() -> None:
+    """Make the rollout's decode step use the library gate/up matmul and a separate
+    activation instead of its fused gate/up kernel (no batch is small enough for it)."""
+    from reasonctl.rollout import decode_forward
+
+    decode_forward.FUSED_MLP_ROWS = 0
+
+
 def free_memory() -> None:
     """Drop unreachable objects and cached GPU blocks; reset the peak-memory counter."""
     gc.collect()

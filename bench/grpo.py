@@ -41,6 +41,7 @@ from bench.common import (
     reasonctl_backend,
     tokenizer_dir,
     trl_even_word_reward,
+    use_stock_mlp,
     words,
 )
 
@@ -66,7 +67,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rollout-compile", action="store_true",
                         help="Compile the rollout engine's decode step ([rollout.hf] compile).")
     parser.add_argument("--rollout-stock-kernels", action="store_true",
-                        help="Stock torch attention and sampling in the rollout engine "
+                        help="Stock torch attention, gate/up and sampling in the rollout engine "
                         "instead of the fused Triton kernels ([rollout.hf] fused_kernels "
                         "= false).")
     parser.add_argument("--rollout-stock-mlp", action="store_true",
@@ -203,9 +204,7 @@ def main() -> None:
     """Run the implementations and print the comparison."""
     args = parse_args()
     if args.rollout_stock_mlp:
-        from reasonctl.rollout import decode_forward
-
-        decode_forward.FUSED_MLP_ROWS = 0  # no batch is small enough
+        use_stock_mlp()
     out = Path(args.out)
     model_dir = build_model_dir(out / "models", args.size)
     summary: dict[str, Any] = {

@@ -41,6 +41,7 @@ from bench.common import (
     now,
     random_rows,
     reasonctl_backend,
+    use_stock_mlp,
 )
 
 
@@ -62,8 +63,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true",
                         help="Compile the static decode step ([rollout.hf] compile).")
     parser.add_argument("--stock-kernels", action="store_true",
-                        help="Stock torch attention and sampling in the decode step instead "
-                        "of the fused Triton kernels ([rollout.hf] fused_kernels = false).")
+                        help="Stock torch attention, gate/up and sampling in the decode step "
+                        "instead of the fused Triton kernels ([rollout.hf] fused_kernels = false).")
     parser.add_argument("--max-autotune", action="store_true",
                         help="With --compile, let the compiler autotune matmul kernels.")
     parser.add_argument("--profile", action="store_true",
@@ -277,9 +278,7 @@ def main() -> None:
 
         inductor_config.max_autotune_gemm = True
     if args.stock_mlp:
-        from reasonctl.rollout import decode_forward
-
-        decode_forward.FUSED_MLP_ROWS = 0  # no batch is small enough
+        use_stock_mlp()
     if args.sync_every:
         from reasonctl.rollout import fast_decode
 
