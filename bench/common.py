@@ -190,10 +190,21 @@ def now() -> float:
 
 def use_stock_mlp() -> None:
     """Make the rollout's decode step use the library gate/up matmul and a separate
-    activation instead of its fused gate/up kernel (no batch is small enough for it)."""
+    activation instead of its fused gate/up kernel (no batch is small enough for it; the
+    kernel chain, which always has that kernel, is off too)."""
     from reasonctl.rollout import decode_forward
 
     decode_forward.FUSED_MLP_ROWS = 0
+    decode_forward.CHAIN_ROWS = 0
+
+
+def use_library_matmuls() -> None:
+    """Make the rollout's decode step run its matmuls as library calls and its norms as
+    the model's modules (compiled with ``compile``) instead of the kernel chain; the fused
+    attention and gate/up kernels stay."""
+    from reasonctl.rollout import decode_forward
+
+    decode_forward.CHAIN_ROWS = 0
 
 
 def free_memory() -> None:

@@ -41,6 +41,7 @@ from bench.common import (
     reasonctl_backend,
     tokenizer_dir,
     trl_even_word_reward,
+    use_library_matmuls,
     use_stock_mlp,
     words,
 )
@@ -73,6 +74,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rollout-stock-mlp", action="store_true",
                         help="The gate/up matmul and a separate activation instead of the "
                         "rollout's fused gate/up kernel.")
+    parser.add_argument("--rollout-no-chain", action="store_true",
+                        help="Library matmuls and the model's norms in the rollout's decode "
+                        "step instead of the kernel chain.")
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--out", default="/tmp/reasonctl-bench")
     return parser.parse_args()
@@ -205,6 +209,8 @@ def main() -> None:
     args = parse_args()
     if args.rollout_stock_mlp:
         use_stock_mlp()
+    if args.rollout_no_chain:
+        use_library_matmuls()
     out = Path(args.out)
     model_dir = build_model_dir(out / "models", args.size)
     summary: dict[str, Any] = {

@@ -41,6 +41,7 @@ from bench.common import (
     now,
     random_rows,
     reasonctl_backend,
+    use_library_matmuls,
     use_stock_mlp,
 )
 
@@ -79,6 +80,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--stock-mlp", action="store_true",
                         help="The gate/up matmul and a separate activation instead of the "
                         "fused gate/up kernel (the other fused kernels stay).")
+    parser.add_argument("--no-chain", action="store_true",
+                        help="Library matmuls and the model's norms instead of the kernel "
+                        "chain (the fused attention and gate/up kernels stay).")
     parser.add_argument("--sync-every", type=int, default=0,
                         help="Decode steps between host synchronisations (the engine's "
                         "SYNC_EVERY; 0 keeps its value).")
@@ -279,6 +283,8 @@ def main() -> None:
         inductor_config.max_autotune_gemm = True
     if args.stock_mlp:
         use_stock_mlp()
+    if args.no_chain:
+        use_library_matmuls()
     if args.sync_every:
         from reasonctl.rollout import fast_decode
 
@@ -312,6 +318,9 @@ def main() -> None:
                             "fused_attention": bool(getattr(step, "fused_attention", False)),
                             "fused_mlp": bool(getattr(step, "fused_mlp", False))
                             and not args.stock_mlp,
+                            "chain": bool(getattr(step, "chain", False))
+                            and not (args.no_chain or args.stock_mlp),
+                            "pdl": bool(getattr(step, "pdl", False)),
                             "max_autotune": args.max_autotune,
                             "tokens": tokens, "seconds": seconds,
                             "tokens_per_s": tokens / seconds,

@@ -37,9 +37,15 @@ def triton_interpreter(monkeypatch: pytest.MonkeyPatch):
     no other test sees interpreted kernels."""
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from reasonctl.rollout import decode_attention, decode_mlp, race_sampling
+    from reasonctl.rollout import (
+        decode_attention,
+        decode_linear,
+        decode_mlp,
+        decode_norm,
+        race_sampling,
+    )
 
-    modules = (decode_attention, decode_mlp, race_sampling)
+    modules = (decode_attention, decode_linear, decode_mlp, decode_norm, race_sampling)
     for module in modules:
         module._kernels.cache_clear()
     yield

@@ -51,12 +51,31 @@ def test_decode_step_with_fused_kernels_equals_the_full_forward_pass(kind: str) 
     _check_decode_step(kind, fused=True)
 
 
+@pytest.mark.usefixtures("triton_interpreter")
+def test_fused_kernels_without_the_chain_equal_the_full_forward_pass(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("triton")
+    from reasonctl.rollout import decode_forward
+
+    monkeypatch.setattr(decode_forward, "CHAIN_ROWS", 0)  # library matmuls, fused kernels
+    _check_decode_step("qwen3", fused=True)
+
+
+def test_chain_runs_only_where_every_kernel_does() -> None:
+    model = _model("qwen3")
+    assert not DecodeForward(model, torch.float32, fused_kernels=False).chain
+    # without Triton's interpreter, CPU tensors run no kernel at all
+    assert not DecodeForward(model, torch.float32, fused_kernels=True).chain
+
+
 def _check_decode_step(kind: str, *, fused: bool) -> None:
     model = _model(kind)
     assert supports_decode_forward(model)
     step = DecodeForward(model, torch.float32, fused_kernels=fused)
     assert step.fused_mlp is fused
     assert step.fused_attention is (fused and kind == "qwen3")  # the others: head size 8
+    # the whole step as the kernel chain where attention is fused too (never PDL on CPU)
+    assert step.chain is step.fused_attention and not step.pdl
     ids = torch.randint(0, SHAPE["vocab_size"], (3, 9), generator=torch.Generator().manual_seed(1))
     lengths = [9, 5, 7]  # rows of different lengths: each decodes at its own position
     cache = SlotKVCache(layers=2, slots=3, kv_heads=2, max_len=16,

@@ -1,5 +1,6 @@
 """The decode step's Triton kernels compile for a Hopper GPU (sm_90) with the shapes and
-tile settings the engine uses for a Qwen2.5-0.5B-shaped model, and fit its shared memory.
+tile settings the engine uses for a Qwen2.5-0.5B-shaped model, and fit its shared memory;
+the kernel chain's variants compile as programmatic dependent launches.
 
 Compilation needs no GPU (Triton ships its own ptxas), so this runs everywhere Triton is
 installed; it runs in a subprocess because other test modules switch the process to
@@ -26,7 +27,7 @@ def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
                           timeout=600, cwd=Path(__file__).parent.parent)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("compiled ")]
-    assert len(lines) == 8, proc.stdout  # every variant built below
+    assert len(lines) == 13, proc.stdout  # every variant built below
     for line in lines:
         shared = int(line.rsplit(" ", 1)[1])
         assert shared <= SHARED_MEMORY_LIMIT, line
@@ -38,7 +39,13 @@ def compile_all() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from reasonctl.rollout import decode_attention, decode_mlp, race_sampling
+    from reasonctl.rollout import (
+        decode_attention,
+        decode_linear,
+        decode_mlp,
+        decode_norm,
+        race_sampling,
+    )
 
     target = GPUTarget("cuda", 90, 32)
 
@@ -51,8 +58,8 @@ def compile_all() -> None:
         print(f"compiled {kernel.fn.__name__} {compiled.metadata.shared}")
 
     attend, combine = decode_attention._kernels()
-    for dtype, splits, norm in (("bf16", 1, False), ("bf16", 2, False), ("bf16", 2, True),
-                                ("fp32", 2, True)):
+    for dtype, splits, norm, pdl in (("bf16", 1, False, False), ("bf16", 2, False, True),
+                                     ("bf16", 2, True, True), ("fp32", 2, True, False)):
         build(attend, {
             "qkv_ptr": f"*{dtype}", "cos_ptr": f"*{dtype}", "sin_ptr": f"*{dtype}",
             "positions_ptr": "*i64", "key_ptr": f"*{dtype}", "value_ptr": f"*{dtype}",
@@ -60,10 +67,11 @@ def compile_all() -> None:
             "out_ptr": f"*{dtype}", "partial_ptr": "*fp32", "stats_ptr": "*fp32",
             "scale_log2": "fp32", "max_len": "i32", "qkv_stride": "i32", "table_stride": "i32",
         }, {"HEADS": 14, "KV_HEADS": 2, "GROUP": 7, "GROUP_PAD": 16, "HEAD_DIM": 64,
-            "BLOCK_N": 64, "SPLITS": splits, "HAS_NORM": norm, "UPCAST": dtype == "fp32"},
-            num_warps=4)
+            "BLOCK_N": 64, "SPLITS": splits, "HAS_NORM": norm, "UPCAST": dtype == "fp32",
+            "PDL": pdl}, num_warps=4, launch_pdl=pdl)
     build(combine, {"partial_ptr": "*fp32", "stats_ptr": "*fp32", "out_ptr": "*bf16",
-                    "batch": "i32"}, {"HEADS": 14, "SPLITS": 2, "HEAD_DIM": 64}, num_warps=2)
+                    "batch": "i32"}, {"HEADS": 14, "SPLITS": 2, "HEAD_DIM": 64, "PDL": True},
+          num_warps=2, launch_pdl=True)
 
     partial, choose = race_sampling._kernels()
     build(partial, {"logits_ptr": "*bf16", "seed_ptr": "*i64", "best_ptr": "*fp32",
@@ -78,7 +86,27 @@ def compile_all() -> None:
         "x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "rows": "i32", "ffn": "i32",
         "depth": "i32", "x_stride": "i32", "w_stride": "i32",
     }, {"BLOCK_M": 64, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k, "EVEN_K": True,
-        "EVEN_N": True, "UPCAST": False}, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        "EVEN_N": True, "UPCAST": False, "PDL": True}, num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages, launch_pdl=True)
+
+    skinny = decode_linear._kernels()
+    linear_types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "rows": "i32",
+                    "columns": "i32", "depth": "i32", "x_stride": "i32"}
+    for columns, depth, may_split, bias in ((1152, 896, False, True), (896, 896, True, False),
+                                            (896, 4864, True, False)):
+        linear_tiles = decode_linear.choose_linear_tiles(columns, depth, 132,
+                                                         may_split=may_split)
+        partial = linear_tiles.splits(depth) > 1
+        build(skinny, {**linear_types, "out_ptr": "*fp32" if partial else "*bf16"}, {
+            "BLOCK_M": 64, "BLOCK_N": linear_tiles.block_n, "BLOCK_K": decode_linear.BLOCK_K,
+            "K_SPLIT": linear_tiles.k_split, "HAS_BIAS": bias, "PARTIAL": partial,
+            "UPCAST": False, "PDL": True}, num_warps=linear_tiles.num_warps,
+            num_stages=linear_tiles.num_stages, launch_pdl=True)
+    norm_types = {"residual_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
+                  "rows": "i32", "hidden": "i32", "eps": "fp32"}
+    for update, parts in (("*fp32", 8), ("*bf16", 0)):
+        build(decode_norm._kernels(), {**norm_types, "update_ptr": update},
+              {"PARTS": parts, "BLOCK_H": 1024, "PDL": True}, num_warps=4, launch_pdl=True)
 
 if __name__ == "__main__":
     compile_all()

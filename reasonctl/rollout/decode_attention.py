@@ -75,6 +75,7 @@ def decode_attention(
     k_norm: torch.Tensor | None = None,
     norm_eps: float = 1e-6,
     splits: int = 1,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Attention output ``[B, heads * head_dim]`` (cache dtype) for one new token per slot.
 
@@ -84,11 +85,12 @@ def decode_attention(
     ``key_cache``/``value_cache`` (``[slots, kv_heads, max_len, head_dim]``, written in
     place). ``q_norm``/``k_norm`` are per-head RMSNorm weights (``[head_dim]``) applied
     before rotary, as in Qwen3. ``splits`` (a power of two) is the number of programs
-    sharing each slot's keys.
+    sharing each slot's keys. With ``pdl`` the kernels are programmatic dependent
+    launches (see :mod:`reasonctl.rollout.decode_linear`).
     """
     return torch.ops.reasonctl.decode_attention(
         qkv, cos, sin, positions, key_cache, value_cache, q_norm, k_norm, norm_eps,
-        heads, scale, splits,
+        heads, scale, splits, pdl,
     )
 
 
@@ -98,6 +100,7 @@ def _decode_attention_op(
     qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
     key_cache: torch.Tensor, value_cache: torch.Tensor, q_norm: torch.Tensor | None,
     k_norm: torch.Tensor | None, norm_eps: float, heads: int, scale: float, splits: int,
+    pdl: bool,
 ) -> torch.Tensor:
     batch = qkv.shape[0]
     _, kv_heads, max_len, head_dim = key_cache.shape
@@ -114,6 +117,7 @@ def _decode_attention_op(
     else:
         partial = stats = out  # unused
     has_norm = q_norm is not None
+    launch = {"launch_pdl": True} if pdl else {}
     attend[(batch, kv_heads, splits)](
         qkv, cos, sin, positions, key_cache, value_cache,
         q_norm if has_norm else qkv, k_norm if has_norm else qkv, norm_eps,
@@ -121,12 +125,12 @@ def _decode_attention_op(
         qkv.stride(0), cos.stride(0),
         HEADS=heads, KV_HEADS=kv_heads, GROUP=group,
         GROUP_PAD=max(16, next_power_of_two(group)), HEAD_DIM=head_dim, BLOCK_N=64,
-        SPLITS=splits, HAS_NORM=has_norm, UPCAST=_upcast_dots(key_cache.dtype),
-        num_warps=4,
+        SPLITS=splits, HAS_NORM=has_norm, UPCAST=_upcast_dots(key_cache.dtype), PDL=pdl,
+        num_warps=4, **launch,
     )
     if splits > 1:
         combine[(batch, heads)](partial, stats, out, batch, HEADS=heads, SPLITS=splits,
-                                HEAD_DIM=head_dim, num_warps=2)
+                                HEAD_DIM=head_dim, PDL=pdl, num_warps=2, **launch)
     return out
 
 
@@ -135,7 +139,7 @@ def _decode_attention_shape(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
                             positions: torch.Tensor, key_cache: torch.Tensor,
                             value_cache: torch.Tensor, q_norm: torch.Tensor | None,
                             k_norm: torch.Tensor | None, norm_eps: float, heads: int,
-                            scale: float, splits: int) -> torch.Tensor:
+                            scale: float, splits: int, pdl: bool) -> torch.Tensor:
     return qkv.new_empty((qkv.shape[0], heads * key_cache.shape[-1]), dtype=key_cache.dtype)
 
 
@@ -185,11 +189,15 @@ def _kernels() -> tuple[Any, Any]:
                scale_log2, max_len, qkv_stride, table_stride,
                HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-               SPLITS: tl.constexpr, HAS_NORM: tl.constexpr, UPCAST: tl.constexpr):
+               SPLITS: tl.constexpr, HAS_NORM: tl.constexpr, UPCAST: tl.constexpr,
+               PDL: tl.constexpr):
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
         position = tl.load(positions_ptr + row).to(tl.int32)
+        if PDL:  # everything below reads the previous kernel's output
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         dim = tl.arange(0, HEAD_DIM)
         # rotate-half: -x[d + HEAD_DIM / 2] for the first half, x[d - HEAD_DIM / 2] after
         partner = (dim + HEAD_DIM // 2) % HEAD_DIM
@@ -294,9 +302,13 @@ def _kernels() -> tuple[Any, Any]:
 
     @triton.jit
     def combine(partial_ptr, stats_ptr, out_ptr, batch,
-                HEADS: tl.constexpr, SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr):
+                HEADS: tl.constexpr, SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                PDL: tl.constexpr):
         row = tl.program_id(0)
         head = tl.program_id(1)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         split = tl.arange(0, SPLITS)
         dim = tl.arange(0, HEAD_DIM)
         at = (row * HEADS + head) * SPLITS + split

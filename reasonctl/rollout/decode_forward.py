@@ -20,6 +20,13 @@ engine repeats hundreds of times: one new token per slot of a
   rotary angles use the model's ``inv_freq`` and attention scaling.
 - With ``fused_kernels`` (at most :data:`FUSED_MLP_ROWS` rows), the gate/up projection
   and the SiLU activation run as one kernel (:mod:`reasonctl.rollout.decode_mlp`).
+- With ``fused_kernels`` where every fused kernel runs (at most :data:`CHAIN_ROWS` rows),
+  the whole step is a chain of this project's kernels: residual add and RMSNorm
+  (:mod:`~reasonctl.rollout.decode_norm`), the skinny matmuls
+  (:mod:`~reasonctl.rollout.decode_linear`), attention and the gated MLP. On GPUs that
+  have it (compute capability 9.0 and newer) each is a programmatic dependent launch, so
+  a kernel starts while the previous one finishes. Only the embedding, the rotary table
+  and the output head remain library operations; there is nothing left to compile.
 
 Supported: model types in :data:`SUPPORTED_MODEL_TYPES` with full attention, a static
 rotary frequency table (not the ``dynamic``/``longrope`` types) and no MLP bias; other
@@ -40,12 +47,19 @@ from reasonctl.rollout.decode_attention import (
     processor_count,
     supports_fused_attention,
 )
+from reasonctl.rollout.decode_linear import MAX_ROWS as LINEAR_MAX_ROWS
+from reasonctl.rollout.decode_linear import choose_linear_tiles, skinny_linear
 from reasonctl.rollout.decode_mlp import choose_tiles, gated_silu, supports_gated_silu
+from reasonctl.rollout.decode_norm import MAX_HIDDEN, add_rms_norm
 from reasonctl.rollout.slot_cache import SlotKVCache
+from reasonctl.rollout.triton_support import supports_pdl
 
 FUSED_MLP_ROWS = 64
 """Batches up to this many rows use the fused gate/up kernel (its tiles were chosen at
 64 rows); larger ones use the library matmul and a separate activation."""
+CHAIN_ROWS = LINEAR_MAX_ROWS
+"""Batches up to this many rows run as the kernel chain (when it runs at all); larger
+ones use library matmuls."""
 SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 
@@ -117,7 +131,27 @@ class DecodeForward:
         self.mlp_tiles = choose_tiles(config.hidden_size)
         self.layers = [self._allocate(layer) for layer in inner.layers]
         self.lm_head = self._own_or_copy(model.get_output_embeddings().weight)
+        self.norm_eps = float(getattr(inner.norm, "variance_epsilon", 1e-6))
+        self.chain = (self.fused_attention and self.fused_mlp
+                      and config.hidden_size <= MAX_HIDDEN)
+        """Batches of up to :data:`CHAIN_ROWS` rows run as the kernel chain."""
+        self.pdl = self.chain and supports_pdl(device)
+        """The chain's kernels are programmatic dependent launches."""
+        first = self.layers[0]
+        self.qkv_tiles = choose_linear_tiles(first.qkv.shape[0], first.qkv.shape[1],
+                                             self.processors, may_split=False)
+        self.out_tiles = choose_linear_tiles(first.out.shape[0], first.out.shape[1],
+                                             self.processors,
+                                             may_split=first.out_bias is None)
+        self.down_tiles = choose_linear_tiles(first.down.shape[0], first.down.shape[1],
+                                              self.processors, may_split=True)
+        self._stock = self.stock_hidden
         self.refresh()
+
+    def compile_stock(self) -> None:
+        """Compile :meth:`stock_hidden` (the path of batches the kernel chain does not
+        take) with ``torch.compile``: one compilation for every batch size."""
+        self._stock = torch.compile(self.stock_hidden, dynamic=True)
 
     # --- weights --------------------------------------------------------------------------
 
@@ -179,7 +213,46 @@ class DecodeForward:
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
                allowed: torch.Tensor | None) -> torch.Tensor:
         """The final-normalised hidden states ``[B, hidden]`` (compute dtype) from which
-        :meth:`__call__` takes the logits; arguments as there."""
+        :meth:`__call__` takes the logits; arguments as there. The kernel chain computes
+        them where it runs, else :meth:`stock_hidden` (compiled after
+        :meth:`compile_stock`)."""
+        if self.chain and input_ids.shape[0] <= CHAIN_ROWS:
+            return self.chain_hidden(input_ids, positions, cache)
+        return self._stock(input_ids, positions, cache, allowed)
+
+    def chain_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                     cache: SlotKVCache) -> torch.Tensor:
+        """:meth:`hidden` as the kernel chain (needs :attr:`chain`, at most
+        :data:`CHAIN_ROWS` rows): per layer, residual add and RMSNorm, the QKV matmul,
+        attention, the output projection (its reduction split, summed by the next norm),
+        residual add and RMSNorm, the gated MLP's gate/up, and the down projection."""
+        inner = self.model.model
+        residual = inner.embed_tokens(input_ids)
+        cos, sin = self._rotary(positions, residual.dtype)
+        splits = default_splits(cache.slots, self.kv_heads, cache.max_len, self.processors)
+        pdl = self.pdl
+        update = None
+        for layer_index, (layer, weights) in enumerate(
+                zip(inner.layers, self.layers, strict=True)):
+            h = add_rms_norm(residual, update, layer.input_layernorm.weight, self.norm_eps,
+                             self.dtype, pdl=pdl)
+            qkv = skinny_linear(h, weights.qkv, weights.qkv_bias, self.qkv_tiles, pdl=pdl)
+            attended = self._attention(layer.self_attn, qkv, cos, sin, None, positions,
+                                       cache, layer_index, None, splits, pdl=pdl)
+            update = skinny_linear(attended, weights.out, weights.out_bias, self.out_tiles,
+                                   pdl=pdl)
+            h = add_rms_norm(residual, update, layer.post_attention_layernorm.weight,
+                             self.norm_eps, self.dtype, pdl=pdl)
+            activated = gated_silu(h, weights.gate_up, self.mlp_tiles, pdl=pdl)
+            update = skinny_linear(activated, weights.down, None, self.down_tiles, pdl=pdl)
+        return add_rms_norm(residual, update, inner.norm.weight, self.norm_eps, self.dtype,
+                            pdl=pdl)
+
+    def stock_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                     cache: SlotKVCache, allowed: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`hidden` with library matmuls and the model's own norms (the fused
+        attention and gate/up kernels where :attr:`fused_attention` and
+        :attr:`fused_mlp` say so)."""
         inner = self.model.model
         batch = input_ids.shape[0]
         x = inner.embed_tokens(input_ids)
@@ -206,13 +279,14 @@ class DecodeForward:
         return inner.norm(x).to(self.dtype)
 
     def _attention(self, attention: Any, qkv: torch.Tensor, cos: torch.Tensor,
-                   sin: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
+                   sin: torch.Tensor, rows: torch.Tensor | None, positions: torch.Tensor,
                    cache: SlotKVCache, layer_index: int, allowed: torch.Tensor | None,
-                   splits: int) -> torch.Tensor:
+                   splits: int, *, pdl: bool = False) -> torch.Tensor:
         """One layer's attention output ``[B, heads * head_dim]`` (stores the new keys and
-        values): the fused kernel where it runs, else stock operations."""
+        values): the fused kernel where it runs (a programmatic dependent launch with
+        ``pdl``), else stock operations."""
         if not self.fused_attention:
-            assert allowed is not None, "stock attention needs the mask"
+            assert allowed is not None and rows is not None, "stock attention needs the mask"
             return self._attend(attention, qkv, cos, sin, rows, positions, cache,
                                 layer_index, allowed)
         batch = qkv.shape[0]
@@ -223,7 +297,7 @@ class DecodeForward:
             scale=self.scaling, splits=splits,
             q_norm=None if q_norm is None else q_norm.weight,
             k_norm=None if q_norm is None else attention.k_norm.weight,
-            norm_eps=self.q_norm_eps,
+            norm_eps=self.q_norm_eps, pdl=pdl,
         )
 
     def _attend(self, attention: Any, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

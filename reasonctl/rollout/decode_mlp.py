@@ -72,17 +72,20 @@ def _check(x: torch.Tensor, weight: torch.Tensor, block_n: int, block_k: int) ->
         raise ValueError("gated_silu: " + "; ".join(problems))
 
 
-def gated_silu(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles) -> torch.Tensor:
+def gated_silu(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles, *,
+               pdl: bool = False) -> torch.Tensor:
     """``silu(x @ gate.T) * (x @ up.T)`` (``x``'s dtype, ``[M, F]``) where ``gate_up`` is
     ``[2F, K]``, the gate's rows above the up projection's. Each product is rounded to the
-    dtype before the activation, as when the projections run as separate matmuls."""
+    dtype before the activation, as when the projections run as separate matmuls. With
+    ``pdl`` the kernel is a programmatic dependent launch (see
+    :mod:`reasonctl.rollout.decode_linear`)."""
     return torch.ops.reasonctl.gated_silu(x, gate_up, tiles.block_n, tiles.block_k,
-                                          tiles.num_warps, tiles.num_stages)
+                                          tiles.num_warps, tiles.num_stages, pdl)
 
 
 @torch.library.custom_op("reasonctl::gated_silu", mutates_args=())
 def _gated_silu_op(x: torch.Tensor, gate_up: torch.Tensor, block_n: int, block_k: int,
-                   num_warps: int, num_stages: int) -> torch.Tensor:
+                   num_warps: int, num_stages: int, pdl: bool) -> torch.Tensor:
     _check(x, gate_up, block_n, block_k)
     rows, depth = x.shape
     ffn = gate_up.shape[0] // 2
@@ -90,19 +93,20 @@ def _gated_silu_op(x: torch.Tensor, gate_up: torch.Tensor, block_n: int, block_k
     if rows == 0:
         return out
     kernel = _kernels()
+    launch = {"launch_pdl": True} if pdl else {}
     kernel[(-(-ffn // block_n),)](
         x, gate_up, out, rows, ffn, depth, x.stride(0), gate_up.stride(0),
         BLOCK_M=max(16, next_power_of_two(rows)), BLOCK_N=block_n, BLOCK_K=block_k,
         EVEN_K=depth % block_k == 0, EVEN_N=ffn % block_n == 0,
-        UPCAST=x.dtype == torch.float32 or interpreting(),
-        num_warps=num_warps, num_stages=num_stages,
+        UPCAST=x.dtype == torch.float32 or interpreting(), PDL=pdl,
+        num_warps=num_warps, num_stages=num_stages, **launch,
     )
     return out
 
 
 @_gated_silu_op.register_fake
 def _gated_silu_shape(x: torch.Tensor, gate_up: torch.Tensor, block_n: int, block_k: int,
-                      num_warps: int, num_stages: int) -> torch.Tensor:
+                      num_warps: int, num_stages: int, pdl: bool) -> torch.Tensor:
     return x.new_empty((x.shape[0], gate_up.shape[0] // 2))
 
 
@@ -121,7 +125,8 @@ def _kernels() -> Any:
     @triton.jit
     def gated(x_ptr, w_ptr, out_ptr, rows, ffn, depth, x_stride, w_stride,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr):
+              EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
+              PDL: tl.constexpr):
         tile = tl.program_id(0)
         row = tl.arange(0, BLOCK_M)
         column = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -131,6 +136,9 @@ def _kernels() -> Any:
         gate_at = w_ptr + column.to(tl.int64)[:, None] * w_stride + step[None, :]
         up_at = gate_at + ffn.to(tl.int64) * w_stride
         x_at = x_ptr + row[:, None] * x_stride + step[None, :]
+        if PDL:  # x is the previous kernel's output
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         gate_acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
         up_acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
         for k in range(0, depth, BLOCK_K):

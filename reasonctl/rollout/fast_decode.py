@@ -260,7 +260,9 @@ class StaticDecoder:
             self.decode_forward = DecodeForward(self.model, dtype,
                                                 fused_kernels=self.fused_kernels)
             step = self.decode_forward.hidden
-        if self.compile_decode:
+            if self.compile_decode:  # the kernel chain, where it runs, is not compiled
+                self.decode_forward.compile_stock()
+        elif self.compile_decode:
             # one compiled function for every bucket: the batch dimension is symbolic
             step = torch.compile(step, dynamic=True)
         self._decode_step = step

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 
 def triton_available() -> bool:
     """True when Triton can be imported."""
@@ -25,3 +27,17 @@ def interpreting() -> bool:
 def next_power_of_two(n: int) -> int:
     """The smallest power of two >= ``n`` (1 for ``n <= 1``)."""
     return 1 << max(0, n - 1).bit_length()
+
+
+def supports_pdl(device: torch.device) -> bool:
+    """True when kernels on ``device`` can be programmatic dependent launches (a kernel
+    starts while the previous one finishes and waits for it in its first instructions):
+    a CUDA GPU of compute capability 9.0 or newer, compiled kernels (not the interpreter)
+    and a Triton that has the instructions."""
+    if device.type != "cuda" or interpreting() or not triton_available():
+        return False
+    if torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    import triton.language.extra.cuda as cuda_extras
+
+    return hasattr(cuda_extras, "gdc_wait")

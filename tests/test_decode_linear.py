@@ -1,0 +1,89 @@
+"""The decode step's skinny matmul (run by Triton's interpreter on CPU): whole and split
+products against plain torch, the tile choice and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from reasonctl.rollout.decode_linear import (
+    LinearTiles,
+    choose_linear_tiles,
+    skinny_linear,
+    skinny_linear_reference,
+)
+
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
+
+
+def _random(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize(("rows", "columns", "depth", "tiles", "bias"), [
+    (5, 40, 200, LinearTiles(16, 256), True),    # ragged rows, columns and reduction
+    (64, 64, 256, LinearTiles(32, 256), False),  # every dimension whole
+    (3, 48, 128, LinearTiles(64, 128), True),    # one tile wider than the columns
+])
+def test_unsplit_product_equals_linear(rows: int, columns: int, depth: int,
+                                       tiles: LinearTiles, bias: bool) -> None:
+    x = _random(rows, depth, seed=1)
+    weight = _random(columns, depth, seed=2) / depth ** 0.5
+    b = _random(columns, seed=3) if bias else None
+    got = skinny_linear(x, weight, b, tiles)
+    assert got.shape == (rows, columns) and got.dtype == torch.float32
+    torch.testing.assert_close(got, skinny_linear_reference(x, weight, b), atol=1e-5,
+                               rtol=1e-5)
+
+
+@pytest.mark.parametrize(("depth", "k_split", "splits"), [(384, 128, 3), (300, 128, 3),
+                                                          (520, 256, 3)])
+def test_split_partials_sum_to_the_product(depth: int, k_split: int, splits: int) -> None:
+    x = _random(7, depth, seed=4)
+    weight = _random(24, depth, seed=5) / depth ** 0.5
+    got = skinny_linear(x, weight, None, LinearTiles(16, k_split))
+    assert got.shape == (splits, 7, 24) and got.dtype == torch.float32
+    torch.testing.assert_close(got.sum(dim=0), skinny_linear_reference(x, weight, None),
+                               atol=1e-5, rtol=1e-5)
+    # each split holds its own slice of the reduction
+    first = skinny_linear_reference(x[:, :k_split], weight[:, :k_split], None)
+    torch.testing.assert_close(got[0], first, atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_product_is_rounded_once_from_float32() -> None:
+    x = _random(9, 256, seed=6).bfloat16()
+    weight = (_random(32, 256, seed=7) / 16).bfloat16()
+    bias = _random(32, seed=8).bfloat16()
+    got = skinny_linear(x, weight, bias, LinearTiles(16, 256))
+    assert got.dtype == torch.bfloat16
+    exact = x.float() @ weight.float().T + bias.float()
+    # the interpreter truncates to bfloat16: within one unit in the last place
+    torch.testing.assert_close(got.float(), exact, atol=1e-6, rtol=2 ** -7)
+
+
+def test_tiles_for_a_qwen25_half_billion_shape() -> None:
+    processors = 132
+    qkv = choose_linear_tiles(1152, 896, processors, may_split=False)
+    assert (qkv.block_n, qkv.splits(896)) == (16, 1)
+    out = choose_linear_tiles(896, 896, processors, may_split=True)
+    assert (out.block_n, out.k_split, out.splits(896)) == (16, 512, 2)
+    down = choose_linear_tiles(896, 4864, processors, may_split=True)
+    assert (down.block_n, down.k_split, down.splits(4864)) == (64, 640, 8)
+    # programs cover the processors about once
+    assert 56 * 2 <= processors and 14 * 8 <= processors
+
+
+def test_bad_input_names_every_problem() -> None:
+    with pytest.raises(ValueError) as caught:
+        skinny_linear(torch.zeros(65, 32), torch.zeros(16, 32, dtype=torch.float64),
+                      torch.zeros(16), LinearTiles(24, 100))
+    message = str(caught.value)
+    for fragment in ("65 rows", "share a dtype", "block_n", "k_split"):
+        assert fragment in message, fragment
+    with pytest.raises(ValueError, match="no bias"):
+        skinny_linear(torch.zeros(2, 256), torch.zeros(16, 256), torch.zeros(16),
+                      LinearTiles(16, 128))
+    with pytest.raises(ValueError, match=r"x must be \[M, K\]"):
+        skinny_linear(torch.zeros(2, 8), torch.zeros(16, 9), None, LinearTiles(16, 128))
