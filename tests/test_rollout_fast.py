@@ -195,3 +195,41 @@ def test_buckets_pick_the_smallest_that_fits() -> None:
 
 def test_no_prompts_give_no_completions(model: Any, tokenizer: Any) -> None:
     assert HFRolloutEngine(model, tokenizer).generate([], SamplingParams()) == []
+
+
+def test_next_window_is_queued_before_the_current_one_is_handed_over(
+        model: Any, tokenizer: Any, prompts: list[list[int]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from reasonctl.rollout import fast_decode
+
+    events: list[str] = []
+    launch, collect = fast_decode._Run._launch, fast_decode._Run._collect
+
+    def recording_launch(self: Any, plan: Any) -> Any:
+        window = launch(self, plan)
+        if window is not None:
+            events.append(f"launch {window.steps}")
+        return window
+
+    def recording_collect(self: Any, window: Any) -> list[int]:
+        events.append("collect")
+        return collect(self, window)
+
+    monkeypatch.setattr(fast_decode._Run, "_launch", recording_launch)
+    monkeypatch.setattr(fast_decode._Run, "_collect", recording_collect)
+    params = SamplingParams(temperature=0.0, max_new_tokens=40)
+    reference = HFRolloutEngine(model, tokenizer, decode="dynamic")
+    eos = reference.generate(_inputs(prompts[:1]), params)[0][0].token_ids[20]
+    expected = HFRolloutEngine(model, tokenizer, eos_token_ids=[eos], decode="dynamic")
+    # all rows fit: each window is queued while the one before it is handed over, and a
+    # row that ends mid-window (its end token at step 21) runs along as a done row
+    got = HFRolloutEngine(model, tokenizer, eos_token_ids=[eos]).generate(
+        _inputs(prompts), params)
+    assert events == ["launch 16", "launch 16", "collect", "launch 8", "collect", "collect"]
+    assert _ids(got) == _ids(expected.generate(_inputs(prompts), params))
+    assert any(len(c.token_ids) == 21 for g in got for c in g)
+    # sequences waiting for slots: every window is handed over before the next is queued
+    events.clear()
+    narrow = HFRolloutEngine(model, tokenizer, eos_token_ids=[eos], max_batch_size=2)
+    assert _ids(narrow.generate(_inputs(prompts), params)) == _ids(got)
+    assert events[:4] == ["launch 16", "collect", "launch 16", "collect"]

@@ -19,6 +19,11 @@ How :meth:`StaticDecoder.generate` runs:
    the dynamic engine. Finished rows free their slots, which waiting sequences refill;
    when none wait, live rows are compacted into the lowest slots so that a smaller bucket
    runs.
+4. When no sequence waits for a slot, the next window is queued before the current one
+   is handed over, so the device decodes while the host reads tokens, checks stop strings
+   and prepares the next launch. Rows that turn out to have finished in the current
+   window run along in the queued one as done rows (their entries are not valid), and a
+   compaction first waits for the queued window.
 
 Sampling, log-probs and stop-string semantics are those of
 :class:`reasonctl.rollout.hf_engine.HFRolloutEngine`'s dynamic path.
@@ -80,11 +85,17 @@ class _Buffers:
         self.logits = torch.zeros(slots, vocab, dtype=dtype, device=device)
         self.done = torch.ones(slots, dtype=torch.bool, device=device)
         self.generated = torch.zeros(slots, dtype=torch.long, device=device)
-        self.window_tokens = torch.zeros(slots, SYNC_EVERY, dtype=torch.long, device=device)
-        self.window_logprobs = torch.zeros(slots, SYNC_EVERY, dtype=torch.float32,
+        # two windows: one being handed over while the next is decoded
+        self.window_tokens = torch.zeros(2, slots, SYNC_EVERY, dtype=torch.long,
+                                         device=device)
+        self.window_logprobs = torch.zeros(2, slots, SYNC_EVERY, dtype=torch.float32,
                                            device=device)
-        self.window_valid = torch.zeros(slots, SYNC_EVERY, dtype=torch.bool, device=device)
+        self.window_valid = torch.zeros(2, slots, SYNC_EVERY, dtype=torch.bool, device=device)
         self.key_index = torch.arange(max_len, device=device)
+        # where a window's tokens, log-probs and counts land on the host (page-locked on
+        # CUDA, so the copy runs without blocking the host)
+        self.staging = [torch.empty(slots * (2 * SYNC_EVERY + 1), dtype=torch.float64,
+                                    pin_memory=device.type == "cuda") for _ in range(2)]
 
     def move_slots(self, sources: torch.Tensor, targets: torch.Tensor) -> None:
         """Copy per-slot state from ``sources`` to ``targets``."""
@@ -288,6 +299,19 @@ class StaticDecoder:
             self.graphs = DecodeGraphs(self.forward_decode)
 
 
+@dataclass
+class _Window:
+    """Decode steps queued together: ``steps`` steps of the first ``batch`` slots, their
+    tokens written to ``half`` of the window buffers; ``host`` and ``ready`` are the
+    staged copy and the event that marks it complete (CUDA)."""
+
+    batch: int
+    steps: int
+    half: int
+    host: torch.Tensor | None = None
+    ready: torch.cuda.Event | None = None
+
+
 class _Run:
     """The state of one :meth:`StaticDecoder.generate` call."""
 
@@ -313,35 +337,87 @@ class _Run:
                                and params.top_k <= 0 and params.top_p >= 1.0
                                and supports_race_sample(self.device))
         self.occupant: list[int | None] = [None] * slots
+        self._next_half = 0  # which half of the window buffers the next window writes
 
     def execute(self) -> None:
         """Decode until every sequence has finished."""
         self._refill(list(range(self.slots)))
-        while True:
-            live = [s for s, seq in enumerate(self.occupant) if seq is not None]
-            if not live:
-                return
-            batch = self.decoder.bucket(max(live) + 1, self.slots)
-            remaining = [self.params.max_new_tokens - len(self._seq(s).ids) for s in live]
-            steps = min(SYNC_EVERY, min(remaining))
-            last_everywhere = steps == max(remaining) and not self.pending
-            for col in range(steps):
-                self._sample(batch, col)
-                if not (last_everywhere and col == steps - 1):
-                    self._forward(batch)
-            freed = self._collect(batch, steps)
+        window = self._launch(self._plan())
+        while window is not None:
+            self._stage(window)
+            # queue the next window while this one runs, when no sequence waits for a slot
+            # (then the rows it runs are known before this window's tokens are)
+            following = None if self.pending else self._launch(self._plan(after=window))
+            freed = self._collect(window)
+            if following is not None and not self._compaction_helps():
+                window = following
+                continue
+            if following is not None:  # rows move between slots: the queued window first
+                self._stage(following)
+                self._collect(following)
             if self.pending and freed:
                 self._refill(freed)
             elif not self.pending:
                 self._compact()
+            window = self._launch(self._plan())
+
+    def _plan(self, after: _Window | None = None) -> tuple[int, int, bool] | None:
+        """The next window's batch bucket, step count and whether its last step may skip
+        the forward pass (every row ends within it); None when no row needs another token.
+        With ``after``, the window follows that one, whose tokens are not handed over
+        yet: every row is assumed to have taken its ``steps`` tokens."""
+        consumed = 0 if after is None else after.steps
+        remaining = {}
+        for slot, index in enumerate(self.occupant):
+            if index is None:
+                continue
+            left = self.params.max_new_tokens - len(self.sequences[index].ids) - consumed
+            if left > 0:
+                remaining[slot] = left
+        if not remaining:
+            return None
+        batch = self.decoder.bucket(max(remaining) + 1, self.slots)
+        steps = min(SYNC_EVERY, min(remaining.values()))
+        return batch, steps, steps == max(remaining.values()) and not self.pending
+
+    def _launch(self, plan: tuple[int, int, bool] | None) -> _Window | None:
+        """Queue a window of decode steps as ``plan`` says (nothing for None)."""
+        if plan is None:
+            return None
+        batch, steps, last_everywhere = plan
+        window = _Window(batch, steps, self._next_half)
+        self._next_half ^= 1
+        for col in range(steps):
+            self._sample(window, col)
+            if not (last_everywhere and col == steps - 1):
+                self._forward(batch)
+        return window
+
+    def _stage(self, window: _Window) -> None:
+        """Queue the copy of ``window``'s tokens, log-probs and valid counts to the host."""
+        b = self.buffers
+        half, batch, steps = window.half, window.batch, window.steps
+        # a row's valid entries are a prefix of the window (done rows stay done);
+        # float64 holds token ids and float32 log-probs exactly
+        counts = b.window_valid[half, :batch, :steps].sum(dim=1, keepdim=True)
+        gathered = torch.cat([b.window_tokens[half, :batch, :steps].double(),
+                              b.window_logprobs[half, :batch, :steps].double(),
+                              counts.double()], dim=1)
+        host = b.staging[half][: gathered.numel()].view(gathered.shape)
+        host.copy_(gathered, non_blocking=True)
+        window.host = host
+        if self.device.type == "cuda":
+            window.ready = torch.cuda.Event()
+            window.ready.record()
 
     def _seq(self, slot: int) -> GeneratingRow:
         index = self.occupant[slot]
         assert index is not None
         return self.sequences[index]
 
-    def _sample(self, batch: int, col: int) -> None:
+    def _sample(self, window: _Window, col: int) -> None:
         b = self.buffers
+        batch, half = window.batch, window.half
         params = self.params
         if self.fused_sampling:
             seed = torch.randint(0, 2**62, (1,), device=self.device, generator=self.generator)
@@ -352,8 +428,9 @@ class _Run:
                 top_p=params.top_p, generator=self.generator, race=self.decoder.race,
             )
         self.decoder.record(tokens, logprobs, b.done[:batch], b.generated[:batch],
-                            b.window_tokens[:batch, col], b.window_logprobs[:batch, col],
-                            b.window_valid[:batch, col], b.input_ids[:batch], self.eos,
+                            b.window_tokens[half, :batch, col],
+                            b.window_logprobs[half, :batch, col],
+                            b.window_valid[half, :batch, col], b.input_ids[:batch], self.eos,
                             params.max_new_tokens)
 
     def _forward(self, batch: int) -> None:
@@ -363,18 +440,16 @@ class _Run:
             self.decoder.forward_decode(batch)
         self.buffers.positions[:batch].add_(1).clamp_(max=self.cache.max_len - 1)
 
-    def _collect(self, batch: int, steps: int) -> list[int]:
-        """Hand the window's tokens to their rows (one device-to-host copy); return the
+    def _collect(self, window: _Window) -> list[int]:
+        """Hand ``window``'s tokens (staged by :meth:`_stage`) to their rows; return the
         slots whose rows finished."""
-        b = self.buffers
-        # a row's valid entries are a prefix of the window (done rows stay done);
-        # float64 holds token ids and float32 log-probs exactly
-        counts = b.window_valid[:batch, :steps].sum(dim=1, keepdim=True)
-        host = torch.cat([b.window_tokens[:batch, :steps].double(),
-                          b.window_logprobs[:batch, :steps].double(), counts.double()],
-                         dim=1).tolist()
+        assert window.host is not None, "stage the window first"
+        if window.ready is not None:
+            window.ready.synchronize()
+        host = window.host.tolist()
+        steps = window.steps
         freed = []
-        for slot in range(batch):
+        for slot in range(window.batch):
             if self.occupant[slot] is None:
                 continue
             seq = self._seq(slot)
@@ -458,14 +533,20 @@ class _Run:
         b.done[slot_index] = False
         b.generated[slot_index] = 0
 
-    def _compact(self) -> None:
-        """Move live rows into the lowest slots when that lets a smaller bucket run."""
+    def _compaction_helps(self) -> bool:
+        """True when moving live rows into the lowest slots lets a smaller bucket run."""
         live = [s for s, seq in enumerate(self.occupant) if seq is not None]
         if not live:
-            return
+            return False
         top = max(live) + 1
-        if self.decoder.bucket(len(live), self.slots) >= self.decoder.bucket(top, self.slots):
+        return self.decoder.bucket(len(live), self.slots) < self.decoder.bucket(top,
+                                                                              self.slots)
+
+    def _compact(self) -> None:
+        """Move live rows into the lowest slots when that lets a smaller bucket run."""
+        if not self._compaction_helps():
             return
+        live = [s for s, seq in enumerate(self.occupant) if seq is not None]
         sources = [s for s in live if s >= len(live)]
         targets = [s for s in range(len(live)) if self.occupant[s] is None]
         src = torch.tensor(sources, device=self.device)
