@@ -77,6 +77,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rollout-no-chain", action="store_true",
                         help="Library matmuls and the model's norms in the rollout's decode "
                         "step instead of the kernel chain.")
+    parser.add_argument("--rollout-no-head-sampling", action="store_true",
+                        help="Write logits and sample them instead of applying the output "
+                        "head inside the rollout's sampler.")
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--out", default="/tmp/reasonctl-bench")
     return parser.parse_args()
@@ -211,6 +214,10 @@ def main() -> None:
         use_stock_mlp()
     if args.rollout_no_chain:
         use_library_matmuls()
+    if args.rollout_no_head_sampling:
+        from reasonctl.rollout import fast_decode
+
+        fast_decode.HEAD_SAMPLING = False
     out = Path(args.out)
     model_dir = build_model_dir(out / "models", args.size)
     summary: dict[str, Any] = {

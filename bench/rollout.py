@@ -83,6 +83,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--no-chain", action="store_true",
                         help="Library matmuls and the model's norms instead of the kernel "
                         "chain (the fused attention and gate/up kernels stay).")
+    parser.add_argument("--no-head-sampling", action="store_true",
+                        help="Write logits and sample them (two kernels) instead of applying "
+                        "the output head inside the sampler.")
     parser.add_argument("--sync-every", type=int, default=0,
                         help="Decode steps between host synchronisations (the engine's "
                         "SYNC_EVERY; 0 keeps its value).")
@@ -237,12 +240,29 @@ def rollout_phases(engine: Any, prompts: list[list[int]], new_tokens: int
     return spent
 
 
+def _time_part(name: str, fn: Any, repeat: int) -> dict[str, float]:
+    """Device and wall microseconds per call of ``fn`` run ``repeat`` times back to back."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    wall = time.perf_counter()
+    start.record()
+    for _ in range(repeat):
+        fn()
+    end.record()
+    end.synchronize()
+    return {f"{name}_us": start.elapsed_time(end) * 1000 / repeat,
+            f"{name}_wall_us": (time.perf_counter() - wall) * 1e6 / repeat}
+
+
 def step_breakdown(engine: Any, batch: int, repeat: int = 200) -> dict[str, float]:
     """Microseconds per call of the decode step's forward graph and of its sampler at
     ``batch`` rows, each run ``repeat`` times back to back (device time from CUDA events,
     and wall time including the host's launches)."""
-    import time
 
+    from reasonctl.rollout.head_sampling import head_sample
     from reasonctl.rollout.race_sampling import race_sample
     from reasonctl.rollout.sampling import sample_tokens
 
@@ -253,24 +273,20 @@ def step_breakdown(engine: Any, batch: int, repeat: int = 200) -> dict[str, floa
     seed = torch.tensor([5], device=logits.device)
     generator = torch.Generator(logits.device).manual_seed(5)
     parts = {
-        "forward_graph": lambda: decoder.graphs.run(batch),
+        "forward_graph": lambda: decoder.graphs.run(batch, True),
         "sample_fused": lambda: race_sample(logits, 1.0, seed),
         "sample_stock": lambda: sample_tokens(logits, temperature=1.0, generator=generator,
                                               race=decoder.race),
     }
+    step = decoder.decode_forward
+    if step is not None and batch <= 64:
+        hidden = decoder.buffers.hidden[:batch]
+        parts["forward_graph_no_head"] = lambda: decoder.graphs.run(batch, False)
+        parts["head_sample"] = lambda: head_sample(hidden, step.lm_head, 1.0, seed)
     result = {}
     for name, fn in parts.items():
-        fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        wall = time.perf_counter()
-        start.record()
-        for _ in range(repeat):
-            fn()
-        end.record()
-        end.synchronize()
-        result[f"{name}_us"] = start.elapsed_time(end) * 1000 / repeat
-        result[f"{name}_wall_us"] = (time.perf_counter() - wall) * 1e6 / repeat
+        with torch.inference_mode():  # a graph captured here reads the engine's buffers
+            result.update(_time_part(name, fn, repeat))
     return result
 
 
@@ -285,9 +301,11 @@ def main() -> None:
         use_stock_mlp()
     if args.no_chain:
         use_library_matmuls()
-    if args.sync_every:
-        from reasonctl.rollout import fast_decode
+    from reasonctl.rollout import fast_decode
 
+    if args.no_head_sampling:
+        fast_decode.HEAD_SAMPLING = False
+    if args.sync_every:
         fast_decode.SYNC_EVERY = args.sync_every
     out = Path(args.out)
     model_dir = build_model_dir(out / "models", args.size)

@@ -42,10 +42,13 @@ def triton_interpreter(monkeypatch: pytest.MonkeyPatch):
         decode_linear,
         decode_mlp,
         decode_norm,
+        head_sampling,
         race_sampling,
+        step_record,
     )
 
-    modules = (decode_attention, decode_linear, decode_mlp, decode_norm, race_sampling)
+    modules = (decode_attention, decode_linear, decode_mlp, decode_norm, head_sampling,
+               race_sampling, step_record)
     for module in modules:
         module._kernels.cache_clear()
     yield

@@ -27,7 +27,7 @@ def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
                           timeout=600, cwd=Path(__file__).parent.parent)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("compiled ")]
-    assert len(lines) == 13, proc.stdout  # every variant built below
+    assert len(lines) == 16, proc.stdout  # every variant built below
     for line in lines:
         shared = int(line.rsplit(" ", 1)[1])
         assert shared <= SHARED_MEMORY_LIMIT, line
@@ -44,7 +44,9 @@ def compile_all() -> None:
         decode_linear,
         decode_mlp,
         decode_norm,
+        head_sampling,
         race_sampling,
+        step_record,
     )
 
     target = GPUTarget("cuda", 90, 32)
@@ -107,6 +109,25 @@ def compile_all() -> None:
     for update, parts in (("*fp32", 8), ("*bf16", 0)):
         build(decode_norm._kernels(), {**norm_types, "update_ptr": update},
               {"PARTS": parts, "BLOCK_H": 1024, "PDL": True}, num_warps=4, launch_pdl=True)
+
+    build(step_record._kernels(), {
+        "tokens_ptr": "*i64", "logprobs_ptr": "*fp32", "done_ptr": "*i1",
+        "generated_ptr": "*i64", "window_tokens_ptr": "*i64", "window_logprobs_ptr": "*fp32",
+        "window_valid_ptr": "*i1", "window_stride": "i32", "input_ids_ptr": "*i64",
+        "positions_ptr": "*i64", "eos_ptr": "*i64", "eos_count": "i32", "seed_ptr": "*i64",
+        "rows": "i32", "max_new_tokens": "i32", "max_position": "i32",
+    }, {"ADVANCE_SEED": True, "BLOCK": step_record.BLOCK}, num_warps=4)
+
+    head_partial, head_combine = head_sampling._kernels()
+    build(head_partial, {
+        "h_ptr": "*bf16", "w_ptr": "*bf16", "seed_ptr": "*i64", "stats_ptr": "*fp32",
+        "rows": "i32", "vocab": "i32", "depth": "i32", "h_stride": "i32", "tiles": "i32",
+        "inverse_t": "fp32",
+    }, {"BLOCK_M": 64, "QUARTER": head_sampling.TILE // 4, "BLOCK_K": head_sampling.BLOCK_K,
+        "UPCAST": False}, num_warps=4, num_stages=3)
+    build(head_combine, {"stats_ptr": "*fp32", "tokens_ptr": "*i64", "logprobs_ptr": "*fp32",
+                         "rows": "i32", "tiles": "i32"}, {"TILES_PAD": 2048}, num_warps=4)
+
 
 if __name__ == "__main__":
     compile_all()

@@ -3,6 +3,8 @@ repeatability and draws that follow the softmax."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -69,21 +71,29 @@ def test_bad_arguments_are_named() -> None:
         race_sample(torch.zeros(5), 1.0, seed(1))
 
 
+@pytest.mark.parametrize("head_sampling", [False, True])
 def test_engine_samples_with_it_and_logprobs_match_a_full_forward_pass(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        head_sampling: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     from test_decode_forward import _model
 
     from reasonctl.core.types import SamplingParams
     from reasonctl.rollout import fast_decode
+    from reasonctl.rollout.head_sampling import head_sample
     from reasonctl.rollout.hf_engine import HFRolloutEngine
 
-    calls: list[int] = []
+    calls: list[str] = []
 
-    def counted(logits: torch.Tensor, *args: object) -> tuple[torch.Tensor, torch.Tensor]:
-        calls.append(logits.shape[0])
-        return race_sample(logits, *args)
+    def counted(name: str, sampler: Any) -> Any:
+        def wrapper(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            calls.append(name)
+            return sampler(*args)
+        return wrapper
 
-    monkeypatch.setattr(fast_decode, "race_sample", counted)
+    # with head sampling the output head runs inside the sampler, else logits are written
+    # and sampled by the two-kernel race
+    monkeypatch.setattr(fast_decode, "HEAD_SAMPLING", head_sampling)
+    monkeypatch.setattr(fast_decode, "race_sample", counted("race", race_sample))
+    monkeypatch.setattr(fast_decode, "head_sample", counted("head", head_sample))
 
     model = _model("qwen2", head_dim=16)
     tokenizer = type("Tok", (), {"pad_token_id": 0, "decode": lambda self, ids, **_: ""})()
@@ -92,6 +102,7 @@ def test_engine_samples_with_it_and_logprobs_match_a_full_forward_pass(
     params = SamplingParams(n=2, temperature=0.8, max_new_tokens=10, seed=4)
     groups = engine.generate(prompts, params)
     assert engine.static_decoder is not None and len(calls) >= 10
+    assert set(calls) == {"head" if head_sampling else "race"}
     assert [[c.token_ids for c in g] for g in groups] == [
         [c.token_ids for c in g] for g in engine.generate(prompts, params)]
     assert groups[0][0].token_ids != groups[0][1].token_ids  # n samples differ

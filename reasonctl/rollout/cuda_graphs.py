@@ -17,37 +17,41 @@ WARMUP_RUNS = 2
 
 
 class DecodeGraphs:
-    """Captures ``step(batch)`` per batch size on first use and replays it afterwards.
+    """Captures ``step(batch, *variant)`` per batch size and variant on first use and
+    replays it afterwards.
 
-    ``step`` runs the decode forward pass for the first ``batch`` slots; running it twice
+    ``step`` runs the decode forward pass for the first ``batch`` slots (``variant``: the
+    step's other hashable arguments, e.g. whether the output head runs); running it twice
     with the same buffer contents must give the same result, since warm-up runs it for
     real before capture. All graphs share one memory pool.
     """
 
-    def __init__(self, step: Callable[[int], None]) -> None:
+    def __init__(self, step: Callable[..., None]) -> None:
         self.step = step
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.pool = torch.cuda.graph_pool_handle()
 
-    def run(self, batch: int) -> None:
-        """Replay the graph of ``batch`` slots, capturing it first if needed."""
-        graph = self.graphs.get(batch)
+    def run(self, batch: int, *variant: object) -> None:
+        """Replay the graph of ``batch`` slots and ``variant``, capturing it first if
+        needed."""
+        key = (batch, *variant)
+        graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[batch] = self._capture(batch)
+            graph = self.graphs[key] = self._capture(key)
         graph.replay()
 
-    def _capture(self, batch: int) -> torch.cuda.CUDAGraph:
+    def _capture(self, key: tuple) -> torch.cuda.CUDAGraph:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP_RUNS):
-                self.step(batch)
+                self.step(*key)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # autocast's weight-cast cache must be off while capturing: a cached cast made
         # outside the graph would be freed while the graph still reads it
         with _autocast_without_cache(), torch.cuda.graph(graph, pool=self.pool):
-            self.step(batch)
+            self.step(*key)
         return graph
 
 

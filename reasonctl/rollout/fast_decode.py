@@ -8,7 +8,8 @@ How :meth:`StaticDecoder.generate` runs:
 2. A decode step samples one token for every slot of the current batch-size bucket from
    the logits the previous forward pass left in a static buffer
    (:mod:`reasonctl.rollout.sampling`), records it in a device-side window, marks rows
-   that produced an end-of-sequence token or reached ``max_new_tokens`` as finished, and
+   that produced an end-of-sequence token or reached ``max_new_tokens`` as finished
+   (with the fused kernels, in one kernel: :mod:`reasonctl.rollout.step_record`), and
    runs the model on the new tokens: the dedicated step of
    :mod:`reasonctl.rollout.decode_forward` for the model families it supports, else the
    Hugging Face forward pass; optionally compiled; a CUDA graph per bucket on CUDA
@@ -43,12 +44,18 @@ from reasonctl.core.types import Completion, SamplingParams
 from reasonctl.rollout.buckets import DEFAULT_GRAPH_BATCH_SIZES, pick_bucket
 from reasonctl.rollout.cuda_graphs import DecodeGraphs
 from reasonctl.rollout.decode_forward import DecodeForward, supports_decode_forward
+from reasonctl.rollout.head_sampling import MAX_ROWS as HEAD_SAMPLE_ROWS
+from reasonctl.rollout.head_sampling import head_sample, supports_head_sample
 from reasonctl.rollout.race_sampling import race_sample, supports_race_sample
 from reasonctl.rollout.sampling import exponential_race, sample_tokens
 from reasonctl.rollout.slot_cache import SlotKVCache
+from reasonctl.rollout.step_record import record_tokens, supports_record_tokens
 from reasonctl.rollout.stopping import Decode, StopMatcher
 
 SYNC_EVERY = 16
+HEAD_SAMPLING = True
+"""Plain sampling with the dedicated decode step applies the output head inside the
+sampler (:mod:`reasonctl.rollout.head_sampling`) instead of writing logits first."""
 LENGTH_ALIGN = 64  # cache lengths are rounded up to this, so nearby requests reuse it
 
 
@@ -78,11 +85,12 @@ class GeneratingRow:
 class _Buffers:
     """Device tensors the decode step reads and writes, allocated with the cache."""
 
-    def __init__(self, slots: int, max_len: int, vocab: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(self, slots: int, max_len: int, vocab: int, hidden: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
         self.input_ids = torch.zeros(slots, dtype=torch.long, device=device)
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
         self.logits = torch.zeros(slots, vocab, dtype=dtype, device=device)
+        self.hidden = torch.zeros(slots, hidden, dtype=dtype, device=device)
         self.done = torch.ones(slots, dtype=torch.bool, device=device)
         self.generated = torch.zeros(slots, dtype=torch.long, device=device)
         # two windows: one being handed over while the next is decoded
@@ -99,18 +107,20 @@ class _Buffers:
 
     def move_slots(self, sources: torch.Tensor, targets: torch.Tensor) -> None:
         """Copy per-slot state from ``sources`` to ``targets``."""
-        for tensor in (self.positions, self.logits, self.done, self.generated):
+        for tensor in (self.positions, self.logits, self.hidden, self.done, self.generated):
             tensor.index_copy_(0, targets, tensor.index_select(0, sources))
 
 
 def record_step(tokens: torch.Tensor, logprobs: torch.Tensor, done: torch.Tensor,
                 generated: torch.Tensor, window_tokens: torch.Tensor,
                 window_logprobs: torch.Tensor, window_valid: torch.Tensor,
-                input_ids: torch.Tensor, eos: torch.Tensor, max_new_tokens: int) -> None:
+                input_ids: torch.Tensor, positions: torch.Tensor, eos: torch.Tensor,
+                max_new_tokens: int, max_position: int) -> None:
     """Book one sampled token per row on the device, in place: the window column
     (``window_*``, valid where the row was not yet done), the count of generated tokens,
-    the done flags (an end token or ``max_new_tokens`` reached) and the next step's
-    ``input_ids``."""
+    the done flags (an end token or ``max_new_tokens`` reached), the next step's
+    ``input_ids`` and its ``positions`` (one further on, at most ``max_position``).
+    :func:`reasonctl.rollout.step_record.record_tokens` does the same in one kernel."""
     live = ~done
     window_tokens.copy_(tokens)
     window_logprobs.copy_(logprobs)
@@ -118,6 +128,7 @@ def record_step(tokens: torch.Tensor, logprobs: torch.Tensor, done: torch.Tensor
     generated.add_(live)
     done.logical_or_(torch.isin(tokens, eos) | (generated >= max_new_tokens))
     input_ids.copy_(tokens)
+    positions.add_(1).clamp_(max=max_position)
 
 
 class StaticDecoder:
@@ -214,9 +225,11 @@ class StaticDecoder:
 
     # --- model calls -----------------------------------------------------------------------
 
-    def forward_decode(self, batch: int) -> None:
+    def forward_decode(self, batch: int, head: bool = True) -> None:
         """One decode forward pass of the first ``batch`` slots: the tokens in
-        ``input_ids`` at ``positions``, next-token logits into ``logits``."""
+        ``input_ids`` at ``positions``, next-token logits into ``logits``; without
+        ``head`` (dedicated step only), the final hidden states into ``hidden`` instead,
+        for a sampler that applies the output head itself."""
         assert self.cache is not None and self.buffers is not None
         buffers = self.buffers
         positions = buffers.positions[:batch]
@@ -228,23 +241,30 @@ class StaticDecoder:
                 batch, 1, 1, -1)
         if step is not None:
             hidden = self._decode_step(buffers.input_ids[:batch], positions, self.cache, allowed)
-            # the output head writes straight into the logits buffer (copying 64 rows of
-            # a 152k vocabulary would cost as much as a layer's matmul)
-            step.logits_into(hidden, buffers.logits[:batch])
+            if head:
+                # the output head writes straight into the logits buffer (copying 64 rows
+                # of a 152k vocabulary would cost as much as a layer's matmul)
+                step.logits_into(hidden, buffers.logits[:batch])
+            else:
+                buffers.hidden[:batch].copy_(hidden)
             return
+        assert head, "only the dedicated decode step leaves the output head out"
         self.cache.prepare_decode(positions)
         logits = self._decode_step(buffers.input_ids[:batch].view(batch, 1),
                                    positions.view(batch, 1), allowed)
         buffers.logits[:batch].copy_(logits)
 
     def call_model(self, ids: torch.Tensor, positions: torch.Tensor,
-                   allowed: torch.Tensor) -> torch.Tensor:
+                   allowed: torch.Tensor, *, head: bool = True) -> torch.Tensor:
         """Run the Hugging Face model with explicit positions and a boolean
-        ``[B, 1, q, k]`` mask; return the last position's logits ``[B, V]``."""
+        ``[B, 1, q, k]`` mask; return the last position's logits ``[B, V]`` (without
+        ``head``: its final-normalised hidden states ``[B, H]``, from the decoder alone)."""
         kwargs: dict[str, Any] = {
             "input_ids": ids, "position_ids": positions, "use_cache": True,
             "attention_mask": allowed, self._cache_kwarg: self.cache,
         }
+        if not head:
+            return self.model.get_decoder()(**kwargs).last_hidden_state[:, -1, :]
         if self._accepts_logits_to_keep:
             kwargs["logits_to_keep"] = 1
         return self.model(**kwargs).logits[:, -1, :]
@@ -294,7 +314,7 @@ class StaticDecoder:
             max_len=max_len, head_dim=head_dim, dtype=dtype, device=device,
         )
         vocab = self.model.get_output_embeddings().weight.shape[0]
-        self.buffers = _Buffers(slots, max_len, vocab, dtype, device)
+        self.buffers = _Buffers(slots, max_len, vocab, config.hidden_size, dtype, device)
         if self.uses_cuda_graphs:
             self.graphs = DecodeGraphs(self.forward_decode)
 
@@ -336,6 +356,17 @@ class _Run:
         self.fused_sampling = (decoder.fused_kernels and params.temperature > 0
                                and params.top_k <= 0 and params.top_p >= 1.0
                                and supports_race_sample(self.device))
+        # the bookkeeping of each step as one kernel; with the fused sampler it also
+        # advances the sampler's seed, drawn once per call
+        # plain sampling with the dedicated step: the output head runs inside the sampler
+        # (no logits written)
+        self.head_sampling = (self.fused_sampling and HEAD_SAMPLING
+                              and decoder.decode_forward is not None
+                              and slots <= HEAD_SAMPLE_ROWS
+                              and supports_head_sample(self.device))
+        self.fused_record = decoder.fused_kernels and supports_record_tokens(self.device)
+        self.seed = torch.randint(0, 2**62, (1,), device=self.device, generator=generator) \
+            if self.fused_sampling and self.fused_record else None
         self.occupant: list[int | None] = [None] * slots
         self._next_half = 0  # which half of the window buffers the next window writes
 
@@ -420,25 +451,33 @@ class _Run:
         batch, half = window.batch, window.half
         params = self.params
         if self.fused_sampling:
-            seed = torch.randint(0, 2**62, (1,), device=self.device, generator=self.generator)
-            tokens, logprobs = race_sample(b.logits[:batch], params.temperature, seed)
+            seed = self.seed if self.seed is not None else torch.randint(
+                0, 2**62, (1,), device=self.device, generator=self.generator)
+            if self.head_sampling:
+                assert self.decoder.decode_forward is not None
+                tokens, logprobs = head_sample(b.hidden[:batch],
+                                               self.decoder.decode_forward.lm_head,
+                                               params.temperature, seed)
+            else:
+                tokens, logprobs = race_sample(b.logits[:batch], params.temperature, seed)
         else:
             tokens, logprobs = sample_tokens(
                 b.logits[:batch], temperature=params.temperature, top_k=params.top_k,
                 top_p=params.top_p, generator=self.generator, race=self.decoder.race,
             )
-        self.decoder.record(tokens, logprobs, b.done[:batch], b.generated[:batch],
-                            b.window_tokens[half, :batch, col],
-                            b.window_logprobs[half, :batch, col],
-                            b.window_valid[half, :batch, col], b.input_ids[:batch], self.eos,
-                            params.max_new_tokens)
+        record = record_tokens if self.fused_record else self.decoder.record
+        extra = {"seed": self.seed} if self.fused_record else {}
+        record(tokens, logprobs, b.done[:batch], b.generated[:batch],
+               b.window_tokens[half, :batch, col], b.window_logprobs[half, :batch, col],
+               b.window_valid[half, :batch, col], b.input_ids[:batch], b.positions[:batch],
+               self.eos, params.max_new_tokens, self.cache.max_len - 1, **extra)
 
     def _forward(self, batch: int) -> None:
+        head = not self.head_sampling
         if self.decoder.graphs is not None:
-            self.decoder.graphs.run(batch)
+            self.decoder.graphs.run(batch, head)
         else:
-            self.decoder.forward_decode(batch)
-        self.buffers.positions[:batch].add_(1).clamp_(max=self.cache.max_len - 1)
+            self.decoder.forward_decode(batch, head)
 
     def _collect(self, window: _Window) -> list[int]:
         """Hand ``window``'s tokens (staged by :meth:`_stage`) to their rows; return the
@@ -526,10 +565,15 @@ class _Run:
                                    device=self.device)
         slot_index = torch.tensor(slots, device=self.device)
         self.cache.prepare_prefill(slot_index, source_rows, store_at)
-        logits = self.decoder.call_model(ids, positions, allowed)
         b = self.buffers
-        b.logits.index_copy_(0, slot_index, logits.index_select(0, source_rows).to(b.logits.dtype))
-        b.positions.index_copy_(0, slot_index, lengths.to(self.device).index_select(0, source_rows))
+        # what the first step samples from: logits, or hidden states for head sampling
+        target = b.hidden if self.head_sampling else b.logits
+        last = self.decoder.call_model(ids, positions, allowed, head=not self.head_sampling)
+        target.index_copy_(0, slot_index, last.index_select(0, source_rows).to(target.dtype))
+        # the position of the prompt's last token: each step's bookkeeping moves it on
+        # before the forward pass stores the new token there
+        b.positions.index_copy_(0, slot_index,
+                                (lengths - 1).to(self.device).index_select(0, source_rows))
         b.done[slot_index] = False
         b.generated[slot_index] = 0
 
