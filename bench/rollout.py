@@ -83,6 +83,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--no-chain", action="store_true",
                         help="Library matmuls and the model's norms instead of the kernel "
                         "chain (the fused attention and gate/up kernels stay).")
+    parser.add_argument("--no-pdl", action="store_true",
+                        help="Launch the kernel chain's kernels ordinarily instead of as "
+                        "programmatic dependent launches.")
     parser.add_argument("--no-head-sampling", action="store_true",
                         help="Write logits and sample them (two kernels) instead of applying "
                         "the output head inside the sampler.")
@@ -305,6 +308,10 @@ def main() -> None:
 
     if args.no_head_sampling:
         fast_decode.HEAD_SAMPLING = False
+    if args.no_pdl:
+        from reasonctl.rollout import decode_forward
+
+        decode_forward.PROGRAMMATIC_LAUNCHES = False
     if args.sync_every:
         fast_decode.SYNC_EVERY = args.sync_every
     out = Path(args.out)

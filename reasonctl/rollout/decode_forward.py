@@ -60,6 +60,9 @@ FUSED_MLP_ROWS = 64
 CHAIN_ROWS = LINEAR_MAX_ROWS
 """Batches up to this many rows run as the kernel chain (when it runs at all); larger
 ones use library matmuls."""
+PROGRAMMATIC_LAUNCHES = True
+"""The kernel chain's kernels are programmatic dependent launches where the GPU has them
+(False: ordinary launches, e.g. to measure what they save)."""
 SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 
@@ -135,7 +138,7 @@ class DecodeForward:
         self.chain = (self.fused_attention and self.fused_mlp
                       and config.hidden_size <= MAX_HIDDEN)
         """Batches of up to :data:`CHAIN_ROWS` rows run as the kernel chain."""
-        self.pdl = self.chain and supports_pdl(device)
+        self.pdl = self.chain and PROGRAMMATIC_LAUNCHES and supports_pdl(device)
         """The chain's kernels are programmatic dependent launches."""
         first = self.layers[0]
         self.qkv_tiles = choose_linear_tiles(first.qkv.shape[0], first.qkv.shape[1],

@@ -137,11 +137,14 @@ class StaticDecoder:
     ``model`` is a ``transformers`` causal LM accepted by :func:`supports_static_decode`.
     ``graph_batch_sizes`` are the batch-size buckets decode steps run at (the slot count is
     always one); with ``cuda_graphs`` and a CUDA model each bucket's forward pass is a
-    captured CUDA graph. ``compile_decode`` compiles the decode step and the sampler with
-    ``torch.compile`` (one compilation for every bucket, paid on the first call).
-    ``fused_kernels`` lets the dedicated decode step use its fused Triton kernels where they
-    run (CUDA with Triton installed), and plain sampling (no top-k/top-p) the two-kernel
-    sampler of :mod:`reasonctl.rollout.race_sampling`. The
+    captured CUDA graph. ``compile_decode`` compiles, with ``torch.compile``, the decode
+    step where it runs library matmuls (see :meth:`DecodeForward.hidden`), the stock
+    sampler and the stock bookkeeping (one compilation for every bucket, paid on the first
+    call). ``fused_kernels`` lets the dedicated decode step use its Triton kernels where
+    they run (CUDA with Triton installed; the kernel chain up to 64 rows), plain sampling
+    (no top-k/top-p) the head sampler of :mod:`reasonctl.rollout.head_sampling` (or the
+    two-kernel sampler of :mod:`reasonctl.rollout.race_sampling` over written logits) and
+    each step's bookkeeping the kernel of :mod:`reasonctl.rollout.step_record`. The
     cache and buffers, kept in the compute dtype, grow when a call needs more slots or a
     longer sequence, and are otherwise kept.
     """

@@ -40,17 +40,20 @@ class HFRolloutConfig(BaseModel):
     )
     compile: bool = Field(
         default=False,
-        description="With decode = 'static', compile the decode step's forward pass with "
-        "torch.compile (fuses normalisation, rotary and activation kernels; one compile "
-        "for every batch size, paid on the first rollout).",
+        description="With decode = 'static', compile the decode step with torch.compile "
+        "where it runs library matmuls: batches above 64 sequences, or every batch when "
+        "the kernel chain does not run (fused_kernels = false, no Triton, models outside "
+        "Qwen2/Qwen3/Llama); one compile for every batch size, paid on the first rollout.",
     )
     fused_kernels: bool = Field(
         default=True,
         description="With decode = 'static' on CUDA with Triton installed, run the "
-        "dedicated decode step's attention (rotary embedding, cache store and attention "
-        "bounded by each sequence's length) as one fused kernel, its MLP gate/up "
-        "projection with the activation as one kernel, and plain sampling (no "
-        "top-k/top-p) as two kernels drawing their own noise (see bench/RESULTS.md). "
+        "dedicated decode step of batches up to 64 sequences as a chain of Triton kernels "
+        "(residual add and RMSNorm, small-batch matmuls, attention bounded by each "
+        "sequence's length with rotary and the cache store, the MLP's gate/up projection "
+        "with its activation), launched as programmatic dependent launches on compute "
+        "capability 9.0+; plain sampling (no top-k/top-p) with the output head inside the "
+        "sampler; each step's bookkeeping as one kernel (see bench/RESULTS.md). "
         "false: stock torch operations.",
     )
     graph_batch_sizes: list[int] = Field(

@@ -1,0 +1,129 @@
+"""Checks of the decode step's kernel chain on a CUDA GPU: for each model family the
+engine's greedy ids equal ``generate``'s, sampled log-probs equal a full forward pass's,
+and the paths it can take (chain or library matmuls, head sampling or logits,
+programmatic dependent launches where the GPU has them) agree.
+
+``tests/test_decode_cuda.py`` runs this file in a separate pytest process without the
+suite's ``conftest.py``, which switches Triton to its interpreter for the CPU kernel
+tests; on a GPU machine it can also be run directly:
+
+    python -m pytest --noconftest tests/cuda_checks.py
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from reasonctl.core.types import SamplingParams
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+SHAPE = {"vocab_size": 1000, "hidden_size": 256, "intermediate_size": 640,
+         "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "max_position_embeddings": 512}
+
+
+class _NoTextTokenizer:
+    """Enough of a tokenizer for the engine: ids only, no text."""
+
+    pad_token_id = 0
+    eos_token_id = 999
+
+    def decode(self, ids: Any, **_: Any) -> str:
+        return ""
+
+
+def _model(kind: str) -> Any:
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+    torch.manual_seed(0)
+    if kind == "qwen2":
+        config = Qwen2Config(**SHAPE, tie_word_embeddings=True)
+    elif kind == "qwen3":
+        config = Qwen3Config(**SHAPE, head_dim=128, tie_word_embeddings=False)
+    else:
+        config = LlamaConfig(**SHAPE, tie_word_embeddings=False)
+    config._attn_implementation = "sdpa"
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # large weights: differences between the paths would show
+        for param in model.parameters():
+            param.normal_(0, 0.1)
+    return model.cuda()
+
+
+def _engine(model: Any) -> Any:
+    from reasonctl.rollout.hf_engine import HFRolloutEngine
+
+    return HFRolloutEngine(model, _NoTextTokenizer(), eos_token_ids=[999], pad_token_id=0,
+                           max_batch_size=8)
+
+
+PROMPTS = [list(range(5, 5 + n)) for n in (3, 40, 17, 9, 25)]  # ragged, five of eight slots
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+def test_greedy_equals_generate_through_the_kernel_chain(kind: str) -> None:
+    model = _model(kind)
+    engine = _engine(model)
+    groups = engine.generate([{"input_ids": p} for p in PROMPTS],
+                             SamplingParams(temperature=0.0, max_new_tokens=40))
+    step = engine.static_decoder.decode_forward
+    assert step is not None and step.chain
+    assert step.pdl is (torch.cuda.get_device_capability()[0] >= 9)
+    for prompt, group in zip(PROMPTS, groups, strict=True):
+        reference = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=40,
+                                   do_sample=False, eos_token_id=999, pad_token_id=0)
+        assert group[0].token_ids == reference[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("head_sampling", [True, False])
+def test_sampled_logprobs_equal_a_full_forward_pass(head_sampling: bool,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from reasonctl.rollout import fast_decode
+
+    monkeypatch.setattr(fast_decode, "HEAD_SAMPLING", head_sampling)
+    model = _model("qwen3")
+    engine = _engine(model)
+    # more sequences than slots: refills while others decode
+    params = SamplingParams(n=3, temperature=0.8, max_new_tokens=30, seed=5)
+    groups = engine.generate([{"input_ids": p} for p in PROMPTS], params)
+    again = engine.generate([{"input_ids": p} for p in PROMPTS], params)
+    assert [[c.token_ids for c in g] for g in groups] == [[c.token_ids for c in g]
+                                                         for g in again]
+    with torch.no_grad():
+        for prompt, group in zip(PROMPTS, groups, strict=True):
+            for completion in group:
+                ids = torch.tensor([prompt + completion.token_ids], device="cuda")
+                logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+                expected = torch.log_softmax(logits / 0.8, dim=-1).gather(
+                    1, torch.tensor(completion.token_ids, device="cuda").unsqueeze(1))
+                torch.testing.assert_close(torch.tensor(completion.logprobs),
+                                           expected.squeeze(1).cpu(), atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_chain_equals_library_matmuls_in_bfloat16(kind: str) -> None:
+    from reasonctl.rollout.decode_forward import DecodeForward
+    from reasonctl.rollout.slot_cache import SlotKVCache
+
+    model = _model(kind).to(torch.bfloat16)
+    step = DecodeForward(model, torch.bfloat16, fused_kernels=True)
+    assert step.chain
+    config = model.config
+    cache = SlotKVCache(layers=config.num_hidden_layers, slots=8, kv_heads=2, max_len=256,
+                        head_dim=step.head_dim, dtype=torch.bfloat16,
+                        device=torch.device("cuda"))
+    generator = torch.Generator("cuda").manual_seed(1)
+    for tensor in cache.keys + cache.values:
+        tensor.normal_(generator=generator)
+    ids = torch.randint(0, 1000, (7,), device="cuda", generator=generator)
+    positions = torch.tensor([3, 200, 64, 65, 127, 0, 255], device="cuda")
+    with torch.no_grad():
+        chain = step.chain_hidden(ids, positions, cache).float()
+        library = step.stock_hidden(ids, positions, cache, None).float()
+    # the same function with bf16 rounding in a different order
+    torch.testing.assert_close(chain, library, atol=0.05, rtol=0.05)
+    assert (chain - library).abs().mean() < 0.01
