@@ -127,3 +127,21 @@ def test_chain_equals_library_matmuls_in_bfloat16(kind: str) -> None:
     # the same function with bf16 rounding in a different order
     torch.testing.assert_close(chain, library, atol=0.05, rtol=0.05)
     assert (chain - library).abs().mean() < 0.01
+
+
+def test_batches_above_the_chain_use_library_matmuls_with_the_same_result() -> None:
+    from reasonctl.rollout.hf_engine import HFRolloutEngine
+
+    model = _model("qwen2")
+    prompts = [list(range(5 + i % 7, 12 + i % 7 + i % 5)) for i in range(72)]
+    params = SamplingParams(temperature=0.0, max_new_tokens=20)
+    # 72 slots: every step runs 72 rows with library matmuls and written logits
+    wide = HFRolloutEngine(model, _NoTextTokenizer(), eos_token_ids=[999], pad_token_id=0,
+                           max_batch_size=72)
+    got = wide.generate([{"input_ids": p} for p in prompts], params)
+    assert (72, True) in wide.static_decoder.graphs.graphs
+    # 8 slots: the kernel chain
+    narrow = _engine(model)
+    want = narrow.generate([{"input_ids": p} for p in prompts], params)
+    assert all(key[0] <= 8 for key in narrow.static_decoder.graphs.graphs)
+    assert [g[0].token_ids for g in got] == [g[0].token_ids for g in want]

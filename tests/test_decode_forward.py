@@ -111,6 +111,12 @@ def test_refresh_follows_weight_changes_and_unsupported_models_are_refused() -> 
     same_dtype = DecodeForward(model, torch.float32)  # weights of the compute dtype are shared
     down = model.model.layers[0].mlp.down_proj.weight
     assert same_dtype.layers[0].down.data_ptr() == down.data_ptr()
+    # ... unless their rows are not contiguous (the kernels read rows by a fixed stride)
+    transposed = model.model.layers[1].mlp.down_proj.weight
+    transposed.data = transposed.data.t().contiguous().t()
+    copied = DecodeForward(model, torch.float32).layers[1].down
+    assert copied.is_contiguous() and copied.data_ptr() != transposed.data_ptr()
+    assert torch.equal(copied, transposed)
 
 
 def test_engine_uses_the_step_and_compiled_step_gives_the_same_greedy_text(

@@ -159,8 +159,9 @@ class DecodeForward:
     # --- weights --------------------------------------------------------------------------
 
     def _own_or_copy(self, param: torch.Tensor) -> torch.Tensor:
-        """``param`` itself when it has the compute dtype, else a buffer for its copy."""
-        if param.dtype == self.dtype:
+        """``param`` itself when it has the compute dtype and is contiguous (the chain's
+        kernels read rows by a fixed stride), else a buffer for its copy."""
+        if param.dtype == self.dtype and param.is_contiguous():
             return param.detach()
         return torch.empty(param.shape, dtype=self.dtype, device=param.device)
 
