@@ -57,6 +57,22 @@ def test_kernel_matches_the_torch_path_and_fills_the_cache_alike(
     torch.testing.assert_close(values, ref_values, atol=0, rtol=0)
 
 
+def test_tables_of_every_position_give_the_per_row_result() -> None:
+    qkv, cos, sin, positions, keys, values = make_case(
+        batch=5, slots=6, heads=4, kv_heads=2, head_dim=16, max_len=150,
+        dtype=torch.float32, seed=3)
+    per_row_keys = keys.clone()
+    per_row = decode_attention(qkv, cos, sin, positions, per_row_keys, values.clone(),
+                               heads=4, scale=0.25, splits=2)
+    table_cos, table_sin = rotary_tables(torch.arange(150), 16)
+    got = decode_attention(qkv, table_cos, table_sin, positions, keys, values, heads=4,
+                           scale=0.25, splits=2, rotary_by_position=True)
+    assert torch.equal(got, per_row) and torch.equal(keys, per_row_keys)
+    with pytest.raises(ValueError, match=r"cos must be \[max_len, head_dim\]"):
+        decode_attention(qkv, cos, sin, positions, keys, values, heads=4, scale=0.25,
+                         rotary_by_position=True)
+
+
 def test_per_head_norm_of_qwen3_style_models() -> None:
     heads, kv_heads, head_dim = 4, 2, 32
     qkv, cos, sin, positions, keys, values = make_case(

@@ -70,7 +70,7 @@ def compile_all() -> None:
             "scale_log2": "fp32", "max_len": "i32", "qkv_stride": "i32", "table_stride": "i32",
         }, {"HEADS": 14, "KV_HEADS": 2, "GROUP": 7, "GROUP_PAD": 16, "HEAD_DIM": 64,
             "BLOCK_N": 64, "SPLITS": splits, "HAS_NORM": norm, "UPCAST": dtype == "fp32",
-            "PDL": pdl}, num_warps=4, launch_pdl=pdl)
+            "PDL": pdl, "ROTARY_BY_POSITION": pdl}, num_warps=4, launch_pdl=pdl)
     build(combine, {"partial_ptr": "*fp32", "stats_ptr": "*fp32", "out_ptr": "*bf16",
                     "batch": "i32"}, {"HEADS": 14, "SPLITS": 2, "HEAD_DIM": 64, "PDL": True},
           num_warps=2, launch_pdl=True)

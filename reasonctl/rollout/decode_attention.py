@@ -76,6 +76,7 @@ def decode_attention(
     norm_eps: float = 1e-6,
     splits: int = 1,
     pdl: bool = False,
+    rotary_by_position: bool = False,
 ) -> torch.Tensor:
     """Attention output ``[B, heads * head_dim]`` (cache dtype) for one new token per slot.
 
@@ -86,11 +87,13 @@ def decode_attention(
     place). ``q_norm``/``k_norm`` are per-head RMSNorm weights (``[head_dim]``) applied
     before rotary, as in Qwen3. ``splits`` (a power of two) is the number of programs
     sharing each slot's keys. With ``pdl`` the kernels are programmatic dependent
-    launches (see :mod:`reasonctl.rollout.decode_linear`).
+    launches (see :mod:`reasonctl.rollout.decode_linear`). With ``rotary_by_position``,
+    ``cos``/``sin`` are tables of every cache position (``[max_len, head_dim]``), read at
+    each row's position, so they need not be computed every step.
     """
     return torch.ops.reasonctl.decode_attention(
         qkv, cos, sin, positions, key_cache, value_cache, q_norm, k_norm, norm_eps,
-        heads, scale, splits, pdl,
+        heads, scale, splits, pdl, rotary_by_position,
     )
 
 
@@ -100,11 +103,12 @@ def _decode_attention_op(
     qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
     key_cache: torch.Tensor, value_cache: torch.Tensor, q_norm: torch.Tensor | None,
     k_norm: torch.Tensor | None, norm_eps: float, heads: int, scale: float, splits: int,
-    pdl: bool,
+    pdl: bool, rotary_by_position: bool,
 ) -> torch.Tensor:
     batch = qkv.shape[0]
     _, kv_heads, max_len, head_dim = key_cache.shape
-    _check(qkv, cos, sin, positions, key_cache, value_cache, heads, splits)
+    _check(qkv, cos, sin, positions, key_cache, value_cache, heads, splits,
+           rotary_by_position)
     group = heads // kv_heads
     out = torch.empty((batch, heads * head_dim), dtype=key_cache.dtype, device=qkv.device)
     if batch == 0:
@@ -126,7 +130,7 @@ def _decode_attention_op(
         HEADS=heads, KV_HEADS=kv_heads, GROUP=group,
         GROUP_PAD=max(16, next_power_of_two(group)), HEAD_DIM=head_dim, BLOCK_N=64,
         SPLITS=splits, HAS_NORM=has_norm, UPCAST=_upcast_dots(key_cache.dtype), PDL=pdl,
-        num_warps=4, **launch,
+        ROTARY_BY_POSITION=rotary_by_position, num_warps=4, **launch,
     )
     if splits > 1:
         combine[(batch, heads)](partial, stats, out, batch, HEADS=heads, SPLITS=splits,
@@ -139,14 +143,16 @@ def _decode_attention_shape(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
                             positions: torch.Tensor, key_cache: torch.Tensor,
                             value_cache: torch.Tensor, q_norm: torch.Tensor | None,
                             k_norm: torch.Tensor | None, norm_eps: float, heads: int,
-                            scale: float, splits: int, pdl: bool) -> torch.Tensor:
+                            scale: float, splits: int, pdl: bool,
+                            rotary_by_position: bool) -> torch.Tensor:
     return qkv.new_empty((qkv.shape[0], heads * key_cache.shape[-1]), dtype=key_cache.dtype)
 
 
 def _check(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-           key_cache: torch.Tensor, value_cache: torch.Tensor, heads: int, splits: int) -> None:
+           key_cache: torch.Tensor, value_cache: torch.Tensor, heads: int, splits: int,
+           rotary_by_position: bool = False) -> None:
     batch = qkv.shape[0]
-    slots, kv_heads, _, head_dim = key_cache.shape
+    slots, kv_heads, max_len, head_dim = key_cache.shape
     problems = []
     if value_cache.shape != key_cache.shape or value_cache.dtype != key_cache.dtype:
         problems.append("value_cache must match key_cache in shape and dtype")
@@ -157,9 +163,10 @@ def _check(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: t
                         f"got {list(qkv.shape)}")
     if batch > slots:
         problems.append(f"{batch} rows for {slots} cache slots")
+    rows, what = (max_len, "max_len") if rotary_by_position else (batch, "B")
     for name, table in (("cos", cos), ("sin", sin)):
-        if table.shape != (batch, head_dim) or table.stride(1) != 1:
-            problems.append(f"{name} must be [B, head_dim] with contiguous rows")
+        if table.shape != (rows, head_dim) or table.stride(1) != 1:
+            problems.append(f"{name} must be [{what}, head_dim] with contiguous rows")
     if positions.shape != (batch,):
         problems.append("positions must be [B]")
     if not (key_cache.is_contiguous() and value_cache.is_contiguous() and qkv.stride(1) == 1):
@@ -190,7 +197,7 @@ def _kernels() -> tuple[Any, Any]:
                HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                SPLITS: tl.constexpr, HAS_NORM: tl.constexpr, UPCAST: tl.constexpr,
-               PDL: tl.constexpr):
+               PDL: tl.constexpr, ROTARY_BY_POSITION: tl.constexpr):
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -202,8 +209,12 @@ def _kernels() -> tuple[Any, Any]:
         # rotate-half: -x[d + HEAD_DIM / 2] for the first half, x[d - HEAD_DIM / 2] after
         partner = (dim + HEAD_DIM // 2) % HEAD_DIM
         sign = tl.where(dim < HEAD_DIM // 2, -1.0, 1.0)
-        cos = tl.load(cos_ptr + row * table_stride + dim).to(tl.float32)
-        sin = tl.load(sin_ptr + row * table_stride + dim).to(tl.float32)
+        if ROTARY_BY_POSITION:  # tables of every position, computed once
+            table_row = position
+        else:
+            table_row = row
+        cos = tl.load(cos_ptr + table_row * table_stride + dim).to(tl.float32)
+        sin = tl.load(sin_ptr + table_row * table_stride + dim).to(tl.float32)
         cache_dtype = key_ptr.dtype.element_ty
         qkv_row = qkv_ptr + row * qkv_stride
 

@@ -149,6 +149,8 @@ class DecodeForward:
         self.down_tiles = choose_linear_tiles(first.down.shape[0], first.down.shape[1],
                                               self.processors, may_split=True)
         self._stock = self.stock_hidden
+        self._tables_key: tuple[int, torch.dtype, torch.device] | None = None
+        self._tables: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))
         self.refresh()
 
     def compile_stock(self) -> None:
@@ -232,7 +234,7 @@ class DecodeForward:
         residual add and RMSNorm, the gated MLP's gate/up, and the down projection."""
         inner = self.model.model
         residual = inner.embed_tokens(input_ids)
-        cos, sin = self._rotary(positions, residual.dtype)
+        cos, sin = self._rotary_tables(cache.max_len, residual.dtype, residual.device)
         splits = default_splits(cache.slots, self.kv_heads, cache.max_len, self.processors)
         pdl = self.pdl
         update = None
@@ -242,7 +244,8 @@ class DecodeForward:
                              self.dtype, pdl=pdl)
             qkv = skinny_linear(h, weights.qkv, weights.qkv_bias, self.qkv_tiles, pdl=pdl)
             attended = self._attention(layer.self_attn, qkv, cos, sin, None, positions,
-                                       cache, layer_index, None, splits, pdl=pdl)
+                                       cache, layer_index, None, splits, pdl=pdl,
+                                       rotary_by_position=True)
             update = skinny_linear(attended, weights.out, weights.out_bias, self.out_tiles,
                                    pdl=pdl)
             h = add_rms_norm(residual, update, layer.post_attention_layernorm.weight,
@@ -285,23 +288,25 @@ class DecodeForward:
     def _attention(self, attention: Any, qkv: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, rows: torch.Tensor | None, positions: torch.Tensor,
                    cache: SlotKVCache, layer_index: int, allowed: torch.Tensor | None,
-                   splits: int, *, pdl: bool = False) -> torch.Tensor:
+                   splits: int, *, pdl: bool = False,
+                   rotary_by_position: bool = False) -> torch.Tensor:
         """One layer's attention output ``[B, heads * head_dim]`` (stores the new keys and
         values): the fused kernel where it runs (a programmatic dependent launch with
-        ``pdl``), else stock operations."""
+        ``pdl``; ``cos``/``sin`` tables of every position with ``rotary_by_position``),
+        else stock operations."""
         if not self.fused_attention:
             assert allowed is not None and rows is not None, "stock attention needs the mask"
             return self._attend(attention, qkv, cos, sin, rows, positions, cache,
                                 layer_index, allowed)
-        batch = qkv.shape[0]
+        rows_of_table = cos.shape[0]  # one per row, or one per cache position
         q_norm = getattr(attention, "q_norm", None)
         return decode_attention(
-            qkv, cos.view(batch, -1), sin.view(batch, -1), positions,
+            qkv, cos.view(rows_of_table, -1), sin.view(rows_of_table, -1), positions,
             cache.keys[layer_index], cache.values[layer_index], heads=self.heads,
             scale=self.scaling, splits=splits,
             q_norm=None if q_norm is None else q_norm.weight,
             k_norm=None if q_norm is None else attention.k_norm.weight,
-            norm_eps=self.q_norm_eps, pdl=pdl,
+            norm_eps=self.q_norm_eps, pdl=pdl, rotary_by_position=rotary_by_position,
         )
 
     def _attend(self, attention: Any, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -327,6 +332,20 @@ class DecodeForward:
         attended = F.scaled_dot_product_attention(grouped, keys[:batch], values[:batch],
                                                   attn_mask=allowed, scale=self.scaling)
         return attended.reshape(batch, self.heads * self.head_dim)
+
+    def _rotary_tables(self, max_len: int, dtype: torch.dtype, device: torch.device
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary ``cos``/``sin`` of every position below ``max_len`` (``[max_len, 1,
+        head_dim]``, computed as :meth:`_rotary` computes them, once per length and
+        dtype): the chain's attention reads them at each row's position."""
+        key = (max_len, dtype, device)
+        if self._tables_key != key:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("rotary tables must exist before a CUDA graph is "
+                                   "captured (run the step once first)")
+            self._tables = self._rotary(torch.arange(max_len, device=device), dtype)
+            self._tables_key = key
+        return self._tables
 
     def _rotary(self, positions: torch.Tensor, dtype: torch.dtype
                 ) -> tuple[torch.Tensor, torch.Tensor]:
