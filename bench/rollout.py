@@ -265,6 +265,7 @@ def step_breakdown(engine: Any, batch: int, repeat: int = 200) -> dict[str, floa
     ``batch`` rows, each run ``repeat`` times back to back (device time from CUDA events,
     and wall time including the host's launches)."""
 
+    from reasonctl.rollout.head_sampling import MAX_ROWS as HEAD_SAMPLE_ROWS
     from reasonctl.rollout.head_sampling import head_sample
     from reasonctl.rollout.race_sampling import race_sample
     from reasonctl.rollout.sampling import sample_tokens
@@ -282,7 +283,7 @@ def step_breakdown(engine: Any, batch: int, repeat: int = 200) -> dict[str, floa
                                               race=decoder.race),
     }
     step = decoder.decode_forward
-    if step is not None and batch <= 64:
+    if step is not None and batch <= HEAD_SAMPLE_ROWS:
         hidden = decoder.buffers.hidden[:batch]
         parts["forward_graph_no_head"] = lambda: decoder.graphs.run(batch, False)
         parts["head_sample"] = lambda: head_sample(hidden, step.lm_head, 1.0, seed)

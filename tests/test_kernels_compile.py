@@ -79,9 +79,9 @@ def compile_all() -> None:
     build(partial, {"logits_ptr": "*bf16", "seed_ptr": "*i64", "best_ptr": "*fp32",
                     "row_stride": "i32", "vocab": "i32", "chunks": "i32", "inverse_t": "fp32"},
           {"CHUNK": race_sampling.CHUNK, "BLOCK": race_sampling.BLOCK}, num_warps=4)
-    build(choose, {"logits_ptr": "*bf16", "best_ptr": "*fp32", "tokens_ptr": "*i64",
-                   "logprobs_ptr": "*fp32", "row_stride": "i32", "chunks": "i32",
-                   "inverse_t": "fp32"}, {"CHUNKS_PAD": 64}, num_warps=1)
+    for parts_pad in (64, 4096):  # the race's chunks, the head sampler's tiles
+        build(choose, {"partials_ptr": "*fp32", "tokens_ptr": "*i64", "logprobs_ptr": "*fp32",
+                       "parts": "i32"}, {"PARTS_PAD": parts_pad}, num_warps=4)
 
     tiles = decode_mlp.choose_tiles(896)
     build(decode_mlp._kernels(), {
@@ -118,15 +118,13 @@ def compile_all() -> None:
         "rows": "i32", "max_new_tokens": "i32", "max_position": "i32",
     }, {"ADVANCE_SEED": True, "BLOCK": step_record.BLOCK}, num_warps=4)
 
-    head_partial, head_combine = head_sampling._kernels()
-    build(head_partial, {
+    build(head_sampling._kernels(), {
         "h_ptr": "*bf16", "w_ptr": "*bf16", "seed_ptr": "*i64", "stats_ptr": "*fp32",
         "rows": "i32", "vocab": "i32", "depth": "i32", "h_stride": "i32", "tiles": "i32",
         "inverse_t": "fp32",
     }, {"BLOCK_M": 64, "QUARTER": head_sampling.TILE // 4, "BLOCK_K": head_sampling.BLOCK_K,
-        "UPCAST": False}, num_warps=4, num_stages=3)
-    build(head_combine, {"stats_ptr": "*fp32", "tokens_ptr": "*i64", "logprobs_ptr": "*fp32",
-                         "rows": "i32", "tiles": "i32"}, {"TILES_PAD": 2048}, num_warps=4)
+        "UPCAST": False}, num_warps=head_sampling.NUM_WARPS,
+        num_stages=head_sampling.NUM_STAGES)
 
 
 if __name__ == "__main__":

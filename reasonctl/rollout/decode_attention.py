@@ -33,15 +33,14 @@ from typing import Any
 
 import torch
 
-from reasonctl.rollout.triton_support import interpreting, next_power_of_two, triton_available
+from reasonctl.rollout.triton_support import interpreting, kernels_run_on, next_power_of_two
 
 
 def supports_fused_attention(head_dim: int, device: torch.device) -> bool:
     """True when :func:`decode_attention` runs for this head size on ``device``: CUDA (or
     any device under Triton's interpreter), Triton installed and a power-of-two head size
     of at least 16."""
-    return ((device.type == "cuda" or interpreting()) and head_dim >= 16
-            and head_dim & (head_dim - 1) == 0 and triton_available())
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0 and kernels_run_on(device)
 
 
 def processor_count(device: torch.device) -> int:

@@ -49,10 +49,10 @@ from reasonctl.rollout.decode_attention import (
 )
 from reasonctl.rollout.decode_linear import MAX_ROWS as LINEAR_MAX_ROWS
 from reasonctl.rollout.decode_linear import choose_linear_tiles, skinny_linear
-from reasonctl.rollout.decode_mlp import choose_tiles, gated_silu, supports_gated_silu
+from reasonctl.rollout.decode_mlp import choose_tiles, gated_silu
 from reasonctl.rollout.decode_norm import MAX_HIDDEN, add_rms_norm
 from reasonctl.rollout.slot_cache import SlotKVCache
-from reasonctl.rollout.triton_support import supports_pdl
+from reasonctl.rollout.triton_support import kernels_run_on, supports_pdl
 
 FUSED_MLP_ROWS = 64
 """Batches up to this many rows use the fused gate/up kernel (its tiles were chosen at
@@ -128,7 +128,7 @@ class DecodeForward:
         self.processors = processor_count(device)  # asked once, outside compiled code
         self.q_norm_eps = float(getattr(getattr(attention, "q_norm", None),
                                         "variance_epsilon", 1e-6))
-        self.fused_mlp = (fused_kernels and supports_gated_silu(device)
+        self.fused_mlp = (fused_kernels and kernels_run_on(device)
                           and getattr(config, "hidden_act", None) in ("silu", "swish"))
         """The gate/up projection and its activation run as one fused kernel."""
         self.mlp_tiles = choose_tiles(config.hidden_size)

@@ -21,13 +21,7 @@ from typing import Any
 
 import torch
 
-from reasonctl.rollout.triton_support import interpreting, next_power_of_two, triton_available
-
-
-def supports_gated_silu(device: torch.device) -> bool:
-    """True when :func:`gated_silu` runs on ``device`` (CUDA, or Triton's interpreter)."""
-    return (device.type == "cuda" or interpreting()) and triton_available()
-
+from reasonctl.rollout.triton_support import interpreting, next_power_of_two
 
 MAX_ROWS = 128
 """The most rows :func:`gated_silu` takes: every program holds all rows' accumulators."""

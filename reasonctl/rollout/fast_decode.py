@@ -45,12 +45,13 @@ from reasonctl.rollout.buckets import DEFAULT_GRAPH_BATCH_SIZES, pick_bucket
 from reasonctl.rollout.cuda_graphs import DecodeGraphs
 from reasonctl.rollout.decode_forward import DecodeForward, supports_decode_forward
 from reasonctl.rollout.head_sampling import MAX_ROWS as HEAD_SAMPLE_ROWS
-from reasonctl.rollout.head_sampling import head_sample, supports_head_sample
-from reasonctl.rollout.race_sampling import race_sample, supports_race_sample
+from reasonctl.rollout.head_sampling import head_sample
+from reasonctl.rollout.race_sampling import race_sample
 from reasonctl.rollout.sampling import exponential_race, sample_tokens
 from reasonctl.rollout.slot_cache import SlotKVCache
-from reasonctl.rollout.step_record import record_tokens, supports_record_tokens
+from reasonctl.rollout.step_record import record_tokens
 from reasonctl.rollout.stopping import Decode, StopMatcher
+from reasonctl.rollout.triton_support import kernels_run_on
 
 SYNC_EVERY = 16
 HEAD_SAMPLING = True
@@ -187,7 +188,8 @@ class StaticDecoder:
             else exponential_race
         self.record: Any = torch.compile(record_step, dynamic=True) if compile_decode \
             else record_step
-        """:func:`record_step`, compiled with the decode step so its ten small operations fuse."""
+        """:func:`record_step` (compiled with ``compile_decode`` so its small operations
+        fuse), for runs without the one-kernel bookkeeping of the fused kernels."""
 
     @property
     def uses_cuda_graphs(self) -> bool:
@@ -358,7 +360,7 @@ class _Run:
         # the two-kernel sampler for plain sampling (no top-k/top-p, temperature > 0)
         self.fused_sampling = (decoder.fused_kernels and params.temperature > 0
                                and params.top_k <= 0 and params.top_p >= 1.0
-                               and supports_race_sample(self.device))
+                               and kernels_run_on(self.device))
         # the bookkeeping of each step as one kernel; with the fused sampler it also
         # advances the sampler's seed, drawn once per call
         # plain sampling with the dedicated step: the output head runs inside the sampler
@@ -366,8 +368,8 @@ class _Run:
         self.head_sampling = (self.fused_sampling and HEAD_SAMPLING
                               and decoder.decode_forward is not None
                               and slots <= HEAD_SAMPLE_ROWS
-                              and supports_head_sample(self.device))
-        self.fused_record = decoder.fused_kernels and supports_record_tokens(self.device)
+                              and kernels_run_on(self.device))
+        self.fused_record = decoder.fused_kernels and kernels_run_on(self.device)
         self.seed = torch.randint(0, 2**62, (1,), device=self.device, generator=generator) \
             if self.fused_sampling and self.fused_record else None
         self.occupant: list[int | None] = [None] * slots

@@ -11,8 +11,9 @@ output embedding tile by tile and samples inside the same kernel:
    Gumbel-perturbed score and its index, the tile's maximum, the sum of
    ``exp(logit - maximum)`` and the winning entry's logit. Each Philox draw
    (``tl.rand4x``) serves four entries, one in each quarter of the tile.
-2. ``combine``: one program per row picks the best tile (the lowest index among equal
-   scores) and the token's log-probability under ``softmax(logits / T)``.
+2. :func:`~reasonctl.rollout.race_sampling.pick_from_partials` (the second kernel of
+   the two-kernel sampler): one program per row picks the best tile (the lowest index
+   among equal scores) and the token's log-probability under ``softmax(logits / T)``.
 
 The draw is that of :func:`reasonctl.rollout.race_sampling.race_sample` (the argmax of
 ``logits / T`` plus Gumbel noise) with its own counter layout, so a seed repeats a draw
@@ -26,7 +27,8 @@ from typing import Any
 
 import torch
 
-from reasonctl.rollout.triton_support import interpreting, next_power_of_two, triton_available
+from reasonctl.rollout.race_sampling import pick_from_partials
+from reasonctl.rollout.triton_support import interpreting, next_power_of_two
 
 # small tiles and reduction steps leave room for three programs per multiprocessor, whose
 # loads then overlap each other's sampling (fastest measured at 64 x 896 x 152k on an H100)
@@ -37,10 +39,6 @@ NUM_STAGES = 4
 MAX_ROWS = 64
 """The most rows :func:`head_sample` takes: every program holds all rows' logits."""
 
-
-def supports_head_sample(device: torch.device) -> bool:
-    """True when :func:`head_sample` runs on ``device`` (CUDA, or Triton's interpreter)."""
-    return (device.type == "cuda" or interpreting()) and triton_available()
 
 
 def head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: float,
@@ -72,26 +70,21 @@ def head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: float,
         raise ValueError("head_sample: " + "; ".join(problems))
     rows, depth = hidden.shape
     vocab = weight.shape[0]
-    tokens = torch.empty(rows, dtype=torch.int64, device=hidden.device)
-    logprobs = torch.empty(rows, dtype=torch.float32, device=hidden.device)
-    if rows == 0:
-        return tokens, logprobs
     tiles = -(-vocab // TILE)
     stats = torch.empty((5, rows, tiles), dtype=torch.float32, device=hidden.device)
-    partial, combine = _kernels()
-    partial[(tiles,)](hidden, weight, seed, stats, rows, vocab, depth, hidden.stride(0),
+    if rows == 0:
+        return pick_from_partials(stats)
+    _kernels()[(tiles,)](hidden, weight, seed, stats, rows, vocab, depth, hidden.stride(0),
                       tiles, 1.0 / temperature, BLOCK_M=max(16, next_power_of_two(rows)),
                       QUARTER=TILE // 4, BLOCK_K=BLOCK_K,
                       UPCAST=hidden.dtype == torch.float32 or interpreting(),
                       num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-    combine[(rows,)](stats, tokens, logprobs, rows, tiles,
-                     TILES_PAD=max(2, next_power_of_two(tiles)), num_warps=4)
-    return tokens, logprobs
+    return pick_from_partials(stats)
 
 
 @functools.cache
-def _kernels() -> tuple[Any, Any]:
-    """The Triton kernels, defined on first use (``TRITON_INTERPRET`` is read then)."""
+def _kernels() -> Any:
+    """The Triton kernel, defined on first use (``TRITON_INTERPRET`` is read then)."""
     import triton
     import triton.language as tl
 
@@ -146,26 +139,4 @@ def _kernels() -> tuple[Any, Any]:
         tl.store(stats_ptr + 3 * plane + at, total, mask=row_ok)
         tl.store(stats_ptr + 4 * plane + at, chosen, mask=row_ok)
 
-    @triton.jit
-    def combine(stats_ptr, tokens_ptr, logprobs_ptr, rows, tiles, TILES_PAD: tl.constexpr):
-        row = tl.program_id(0)
-        tile = tl.arange(0, TILES_PAD)
-        valid = tile < tiles
-        at = row * tiles + tile
-        plane = rows * tiles
-        score = tl.load(stats_ptr + at, mask=valid, other=float("-inf"))
-        entry = tl.load(stats_ptr + plane + at, mask=valid, other=0.0)
-        peak = tl.load(stats_ptr + 2 * plane + at, mask=valid, other=float("-inf"))
-        total = tl.load(stats_ptr + 3 * plane + at, mask=valid, other=0.0)
-        chosen = tl.load(stats_ptr + 4 * plane + at, mask=valid, other=0.0)
-        top = tl.max(score, axis=0)
-        first = tl.min(tl.where(score == top, tile, TILES_PAD), axis=0)
-        token = tl.sum(tl.where(tile == first, entry, 0.0), axis=0).to(tl.int64)
-        chosen_x = tl.sum(tl.where(tile == first, chosen, 0.0), axis=0)
-        overall = tl.max(peak, axis=0)
-        lse = overall + tl.log(tl.sum(tl.where(peak == float("-inf"), 0.0,
-                                               total * tl.exp(peak - overall)), axis=0))
-        tl.store(tokens_ptr + row, token)
-        tl.store(logprobs_ptr + row, chosen_x - lse)
-
-    return partial, combine
+    return partial

@@ -8,11 +8,13 @@ noise, i.e. the exponential race) with counter-based random numbers generated wh
 are used, from a seed held in a device tensor, and takes the log-sum-exp in the same pass:
 
 1. ``partial``: one program per (row, chunk of the vocabulary) keeps the chunk's best
-   perturbed score and its index and the chunk's maximum of ``logits / T``, then sums
-   ``exp(logits / T - maximum)`` in a second pass over the chunk (read from cache). Each
-   Philox draw (``tl.rand4x``) serves four entries.
-2. ``combine``: one program per row picks the best chunk (the lowest index among equal
-   scores) and the token's log-probability under the temperature-scaled distribution.
+   perturbed score, its index and its ``logits / T``, and the chunk's maximum of
+   ``logits / T``, then sums ``exp(logits / T - maximum)`` in a second pass over the
+   chunk (read from cache). Each Philox draw (``tl.rand4x``) serves four entries.
+2. ``combine`` (:func:`pick_from_partials`, shared with
+   :mod:`reasonctl.rollout.head_sampling`): one program per row picks the best chunk
+   (the lowest index among equal scores) and the token's log-probability under the
+   temperature-scaled distribution.
 
 The random stream is a function of the seed and the (row, token) position only, so a
 seed repeats a draw exactly. Triton is imported by :func:`_kernels` on first use.
@@ -25,15 +27,11 @@ from typing import Any
 
 import torch
 
-from reasonctl.rollout.triton_support import interpreting, next_power_of_two, triton_available
+from reasonctl.rollout.triton_support import next_power_of_two
 
 CHUNK = 4096  # vocabulary entries per program of the first kernel
 BLOCK = 1024  # entries per step of a program's loop
 
-
-def supports_race_sample(device: torch.device) -> bool:
-    """True when :func:`race_sample` runs on ``device`` (CUDA, or Triton's interpreter)."""
-    return (device.type == "cuda" or interpreting()) and triton_available()
 
 
 def race_sample(logits: torch.Tensor, temperature: float, seed: torch.Tensor
@@ -59,14 +57,26 @@ def race_sample(logits: torch.Tensor, temperature: float, seed: torch.Tensor
     if rows == 0:
         return tokens, logprobs
     chunks = -(-vocab // CHUNK)
-    best = torch.empty((4, rows, chunks), dtype=torch.float32, device=logits.device)
-    partial, combine = _kernels()
+    best = torch.empty((5, rows, chunks), dtype=torch.float32, device=logits.device)
+    partial, _ = _kernels()
     partial[(rows, chunks)](logits, seed, best, logits.stride(0), vocab, chunks,
                             1.0 / temperature, CHUNK=CHUNK, BLOCK=min(BLOCK, CHUNK),
                             num_warps=4)
-    combine[(rows,)](logits, best, tokens, logprobs, logits.stride(0), chunks,
-                     1.0 / temperature, CHUNKS_PAD=max(2, next_power_of_two(chunks)),
-                     num_warps=1)
+    return pick_from_partials(best)
+
+
+def pick_from_partials(partials: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampled token and its log-probability per row from per-part results:
+    ``partials`` is float32 ``[5, B, parts]``, the planes holding each part's best
+    Gumbel-perturbed score, that entry's index, the part's maximum of ``logits / T``, its
+    sum of ``exp(logits / T - maximum)`` and the best entry's ``logits / T``. Ties go to
+    the lowest part. Returns ``(tokens, logprobs)``: ``[B]`` int64 and ``[B]`` float32."""
+    _, rows, parts = partials.shape
+    tokens = torch.empty(rows, dtype=torch.int64, device=partials.device)
+    logprobs = torch.empty(rows, dtype=torch.float32, device=partials.device)
+    if rows:
+        _kernels()[1][(rows,)](partials, tokens, logprobs, parts,
+                               PARTS_PAD=max(2, next_power_of_two(parts)), num_warps=4)
     return tokens, logprobs
 
 
@@ -87,6 +97,7 @@ def _kernels() -> tuple[Any, Any]:
         base = logits_ptr + row.to(tl.int64) * row_stride
         best_score = tl.full((QUARTER,), float("-inf"), tl.float32)
         best_index = tl.zeros((QUARTER,), tl.int32)
+        best_x = tl.zeros((QUARTER,), tl.float32)
         lane_max = tl.full((QUARTER,), float("-inf"), tl.float32)
         start = chunk * CHUNK
         # one Philox draw gives four numbers: counter c serves the entries at the same
@@ -113,10 +124,13 @@ def _kernels() -> tuple[Any, Any]:
                 better = score > best_score
                 best_score = tl.where(better, score, best_score)
                 best_index = tl.where(better, index, best_index)
+                best_x = tl.where(better, x, best_x)
                 lane_max = tl.maximum(lane_max, x)
         # reduce the lanes: best score (lowest index on ties)
         top = tl.max(best_score, axis=0)
         top_index = tl.min(tl.where(best_score == top, best_index, 2147483647), axis=0)
+        # lanes hold distinct indices; a lane never updated holds index 0 and x 0
+        top_x = tl.sum(tl.where(best_index == top_index, best_x, 0.0), axis=0)
         # the chunk's sum of exp(x - peak), in a second pass over entries now in cache
         peak = tl.max(lane_max, axis=0)
         shift = tl.where(peak == float("-inf"), 0.0, peak)
@@ -133,29 +147,29 @@ def _kernels() -> tuple[Any, Any]:
         tl.store(best_ptr + plane + at, top_index.to(tl.float32))
         tl.store(best_ptr + 2 * plane + at, peak)
         tl.store(best_ptr + 3 * plane + at, total)
+        tl.store(best_ptr + 4 * plane + at, top_x)
 
     @triton.jit
-    def combine(logits_ptr, best_ptr, tokens_ptr, logprobs_ptr, row_stride, chunks,
-                inverse_t, CHUNKS_PAD: tl.constexpr):
+    def combine(partials_ptr, tokens_ptr, logprobs_ptr, parts, PARTS_PAD: tl.constexpr):
         row = tl.program_id(0)
         rows = tl.num_programs(0)
-        chunk = tl.arange(0, CHUNKS_PAD)
-        valid = chunk < chunks
-        at = row * chunks + chunk
-        plane = rows * chunks
-        score = tl.load(best_ptr + at, mask=valid, other=float("-inf"))
-        index = tl.load(best_ptr + plane + at, mask=valid, other=0.0)
-        peak = tl.load(best_ptr + 2 * plane + at, mask=valid, other=float("-inf"))
-        total = tl.load(best_ptr + 3 * plane + at, mask=valid, other=0.0)
+        part = tl.arange(0, PARTS_PAD)
+        valid = part < parts
+        at = row * parts + part
+        plane = rows * parts
+        score = tl.load(partials_ptr + at, mask=valid, other=float("-inf"))
+        index = tl.load(partials_ptr + plane + at, mask=valid, other=0.0)
+        peak = tl.load(partials_ptr + 2 * plane + at, mask=valid, other=float("-inf"))
+        total = tl.load(partials_ptr + 3 * plane + at, mask=valid, other=0.0)
+        chosen = tl.load(partials_ptr + 4 * plane + at, mask=valid, other=0.0)
         top = tl.max(score, axis=0)
-        first = tl.min(tl.where(score == top, chunk, CHUNKS_PAD), axis=0)
-        token = tl.sum(tl.where(chunk == first, index, 0.0), axis=0).to(tl.int64)
+        first = tl.min(tl.where(score == top, part, PARTS_PAD), axis=0)
+        token = tl.sum(tl.where(part == first, index, 0.0), axis=0).to(tl.int64)
+        chosen_x = tl.sum(tl.where(part == first, chosen, 0.0), axis=0)
         overall = tl.max(peak, axis=0)
         lse = overall + tl.log(tl.sum(tl.where(peak == float("-inf"), 0.0,
                                                total * tl.exp(peak - overall)), axis=0))
-        chosen = tl.load(logits_ptr + row.to(tl.int64) * row_stride + token).to(tl.float32) \
-            * inverse_t
         tl.store(tokens_ptr + row, token)
-        tl.store(logprobs_ptr + row, chosen - lse)
+        tl.store(logprobs_ptr + row, chosen_x - lse)
 
     return partial, combine

@@ -18,14 +18,8 @@ from typing import Any
 
 import torch
 
-from reasonctl.rollout.triton_support import interpreting, triton_available
-
 BLOCK = 128  # rows per program
 
-
-def supports_record_tokens(device: torch.device) -> bool:
-    """True when :func:`record_tokens` runs on ``device`` (CUDA, or Triton's interpreter)."""
-    return (device.type == "cuda" or interpreting()) and triton_available()
 
 
 def record_tokens(tokens: torch.Tensor, logprobs: torch.Tensor, done: torch.Tensor,

@@ -29,6 +29,12 @@ def next_power_of_two(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def kernels_run_on(device: torch.device) -> bool:
+    """True when the decode step's Triton kernels run on ``device``: a CUDA device, or
+    any device under Triton's interpreter, with Triton installed."""
+    return (device.type == "cuda" or interpreting()) and triton_available()
+
+
 def supports_pdl(device: torch.device) -> bool:
     """True when kernels on ``device`` can be programmatic dependent launches (a kernel
     starts while the previous one finishes and waits for it in its first instructions):
