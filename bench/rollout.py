@@ -86,6 +86,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--no-pdl", action="store_true",
                         help="Launch the kernel chain's kernels ordinarily instead of as "
                         "programmatic dependent launches.")
+    parser.add_argument("--no-descriptors", action="store_true",
+                        help="Per-thread loads in the kernel chain's matmuls instead of "
+                        "tensor-descriptor (bulk copy) loads.")
     parser.add_argument("--no-head-sampling", action="store_true",
                         help="Write logits and sample them (two kernels) instead of applying "
                         "the output head inside the sampler.")
@@ -260,6 +263,17 @@ def _time_part(name: str, fn: Any, repeat: int) -> dict[str, float]:
             f"{name}_wall_us": (time.perf_counter() - wall) * 1e6 / repeat}
 
 
+def _chain_uses_descriptors(step: Any) -> bool:
+    """True when the kernel chain's matmuls load through tensor descriptors."""
+    if step is None or not step.chain or not torch.cuda.is_available():
+        return False
+    from reasonctl.rollout.decode_linear import uses_descriptors
+
+    weight = step.layers[0].down
+    x = torch.empty((1, weight.shape[1]), dtype=weight.dtype, device=weight.device)
+    return uses_descriptors(x, weight)
+
+
 def step_breakdown(engine: Any, batch: int, repeat: int = 200) -> dict[str, float]:
     """Microseconds per call of the decode step's forward graph and of its sampler at
     ``batch`` rows, each run ``repeat`` times back to back (device time from CUDA events,
@@ -309,6 +323,10 @@ def main() -> None:
 
     if args.no_head_sampling:
         fast_decode.HEAD_SAMPLING = False
+    if args.no_descriptors:
+        from reasonctl.rollout import decode_linear
+
+        decode_linear.TENSOR_DESCRIPTORS = False
     if args.no_pdl:
         from reasonctl.rollout import decode_forward
 
@@ -347,6 +365,7 @@ def main() -> None:
                             "chain": bool(getattr(step, "chain", False))
                             and not (args.no_chain or args.stock_mlp),
                             "pdl": bool(getattr(step, "pdl", False)),
+                            "descriptors": _chain_uses_descriptors(step),
                             "max_autotune": args.max_autotune,
                             "tokens": tokens, "seconds": seconds,
                             "tokens_per_s": tokens / seconds,

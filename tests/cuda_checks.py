@@ -1,7 +1,7 @@
 """Checks of the decode step's kernel chain on a CUDA GPU: for each model family the
 engine's greedy ids equal ``generate``'s, sampled log-probs equal a full forward pass's,
 and the paths it can take (chain or library matmuls, head sampling or logits,
-programmatic dependent launches where the GPU has them) agree.
+programmatic dependent launches and tensor-descriptor loads where the GPU has them) agree.
 
 ``tests/test_decode_cuda.py`` runs this file in a separate pytest process without the
 suite's ``conftest.py``, which switches Triton to its interpreter for the CPU kernel
@@ -145,3 +145,24 @@ def test_batches_above_the_chain_use_library_matmuls_with_the_same_result() -> N
     want = narrow.generate([{"input_ids": p} for p in prompts], params)
     assert all(key[0] <= 8 for key in narrow.static_decoder.graphs.graphs)
     assert [g[0].token_ids for g in got] == [g[0].token_ids for g in want]
+
+
+def test_descriptor_loads_equal_per_thread_loads_on_the_gpu() -> None:
+    from reasonctl.rollout.decode_linear import LinearTiles, skinny_linear, uses_descriptors
+
+    generator = torch.Generator("cuda").manual_seed(3)
+    for rows, columns, depth, tiles in ((64, 1152, 896, LinearTiles(16, 896)),
+                                        (37, 896, 4864, LinearTiles(64, 640)),
+                                        (5, 200, 392, LinearTiles(16, 256))):
+        x = torch.randn(rows, depth, device="cuda", generator=generator).bfloat16()
+        weight = (torch.randn(columns, depth, device="cuda", generator=generator)
+                  / depth ** 0.5).bfloat16()
+        if torch.cuda.get_device_capability()[0] >= 9:
+            assert uses_descriptors(x, weight)
+        pointers = skinny_linear(x, weight, None, tiles, descriptors=False)
+        if uses_descriptors(x, weight):
+            assert torch.equal(skinny_linear(x, weight, None, tiles, descriptors=True),
+                               pointers)
+        exact = (x.float() @ weight.float().T)
+        summed = pointers.float().sum(0) if pointers.dim() == 3 else pointers.float()
+        torch.testing.assert_close(summed, exact, atol=2e-2, rtol=2e-2)

@@ -138,6 +138,20 @@ def test_op_traces_into_a_compiled_graph() -> None:
     torch.testing.assert_close(keys, ref_keys)  # the mutation survives compilation
 
 
+def test_splits_fill_the_processors_without_short_shares() -> None:
+    splits = attention_module.default_splits
+    wanted = attention_module.PROGRAMS_PER_PROCESSOR
+    # 64 rows x 2 key/value heads on 132 processors: about `wanted` programs each
+    assert splits(64, 2, 640, 132) == 4 == wanted
+    assert splits(64, 2, 256, 132) == 2  # no share below 128 keys
+    assert splits(64, 2, 100, 132) == 1
+    assert splits(1, 2, 1 << 16, 132) == 16  # at most 16
+    assert splits(512, 8, 4096, 132) == 1  # more programs than wanted already
+    for batch, heads, length in ((8, 2, 2048), (64, 4, 640), (3, 1, 900)):
+        got = splits(batch, heads, length, 132)
+        assert got & (got - 1) == 0 and length // got >= 128
+
+
 def test_bad_shapes_are_named() -> None:
     qkv, cos, sin, positions, keys, values = make_case(
         batch=2, slots=2, heads=4, kv_heads=2, head_dim=16, max_len=40, dtype=torch.float32)

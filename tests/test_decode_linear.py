@@ -1,5 +1,6 @@
 """The decode step's skinny matmul (run by Triton's interpreter on CPU): whole and split
-products against plain torch, the tile choice and bad input."""
+products against plain torch, with per-thread loads and with tensor descriptors, the tile
+choice and bad input."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import torch
 
 pytest.importorskip("triton")
 
+from reasonctl.rollout import decode_linear
 from reasonctl.rollout.decode_linear import (
     LinearTiles,
     choose_linear_tiles,
     skinny_linear,
     skinny_linear_reference,
+    uses_descriptors,
 )
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
@@ -27,12 +30,14 @@ def _random(*shape: int, seed: int = 0) -> torch.Tensor:
     (64, 64, 256, LinearTiles(32, 256), False),  # every dimension whole
     (3, 48, 128, LinearTiles(64, 128), True),    # one tile wider than the columns
 ])
+@pytest.mark.parametrize("descriptors", [False, True])
 def test_unsplit_product_equals_linear(rows: int, columns: int, depth: int,
-                                       tiles: LinearTiles, bias: bool) -> None:
+                                       tiles: LinearTiles, bias: bool,
+                                       descriptors: bool) -> None:
     x = _random(rows, depth, seed=1)
     weight = _random(columns, depth, seed=2) / depth ** 0.5
     b = _random(columns, seed=3) if bias else None
-    got = skinny_linear(x, weight, b, tiles)
+    got = skinny_linear(x, weight, b, tiles, descriptors=descriptors)
     assert got.shape == (rows, columns) and got.dtype == torch.float32
     torch.testing.assert_close(got, skinny_linear_reference(x, weight, b), atol=1e-5,
                                rtol=1e-5)
@@ -40,10 +45,12 @@ def test_unsplit_product_equals_linear(rows: int, columns: int, depth: int,
 
 @pytest.mark.parametrize(("depth", "k_split", "splits"), [(384, 128, 3), (300, 128, 3),
                                                           (520, 256, 3)])
-def test_split_partials_sum_to_the_product(depth: int, k_split: int, splits: int) -> None:
+@pytest.mark.parametrize("descriptors", [False, True])
+def test_split_partials_sum_to_the_product(depth: int, k_split: int, splits: int,
+                                           descriptors: bool) -> None:
     x = _random(7, depth, seed=4)
     weight = _random(24, depth, seed=5) / depth ** 0.5
-    got = skinny_linear(x, weight, None, LinearTiles(16, k_split))
+    got = skinny_linear(x, weight, None, LinearTiles(16, k_split), descriptors=descriptors)
     assert got.shape == (splits, 7, 24) and got.dtype == torch.float32
     torch.testing.assert_close(got.sum(dim=0), skinny_linear_reference(x, weight, None),
                                atol=1e-5, rtol=1e-5)
@@ -52,15 +59,39 @@ def test_split_partials_sum_to_the_product(depth: int, k_split: int, splits: int
     torch.testing.assert_close(got[0], first, atol=1e-5, rtol=1e-5)
 
 
-def test_bfloat16_product_is_rounded_once_from_float32() -> None:
+@pytest.mark.parametrize("descriptors", [False, True])
+def test_bfloat16_product_is_rounded_once_from_float32(descriptors: bool) -> None:
     x = _random(9, 256, seed=6).bfloat16()
     weight = (_random(32, 256, seed=7) / 16).bfloat16()
     bias = _random(32, seed=8).bfloat16()
-    got = skinny_linear(x, weight, bias, LinearTiles(16, 256))
+    got = skinny_linear(x, weight, bias, LinearTiles(16, 256), descriptors=descriptors)
     assert got.dtype == torch.bfloat16
     exact = x.float() @ weight.float().T + bias.float()
     # the interpreter truncates to bfloat16: within one unit in the last place
     torch.testing.assert_close(got.float(), exact, atol=1e-6, rtol=2 ** -7)
+
+
+def test_descriptor_loads_give_the_per_thread_loads_result_bit_for_bit() -> None:
+    # a strided x (rows of a wider buffer) and ragged edges in every dimension
+    x = _random(6, 400, seed=9)[:, :392]
+    weight = _random(40, 392, seed=10) / 20
+    for tiles in (LinearTiles(16, 256), LinearTiles(32, 512)):
+        pointers = skinny_linear(x, weight, None, tiles, descriptors=False)
+        bulk = skinny_linear(x, weight, None, tiles, descriptors=True)
+        assert torch.equal(pointers, bulk)
+
+
+def test_descriptors_are_chosen_only_where_compiled_kernels_have_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    x, weight = torch.zeros(4, 128, dtype=torch.bfloat16), torch.zeros(16, 128,
+                                                                      dtype=torch.bfloat16)
+    assert not uses_descriptors(x, weight)  # the interpreter uses them only when asked
+    monkeypatch.setattr(decode_linear, "supports_tensor_descriptors", lambda device: True)
+    assert uses_descriptors(x, weight)
+    assert not uses_descriptors(x.float(), weight.float())  # half precision only
+    assert not uses_descriptors(torch.zeros(4, 129, dtype=torch.bfloat16)[:, 1:], weight)
+    monkeypatch.setattr(decode_linear, "TENSOR_DESCRIPTORS", False)
+    assert not uses_descriptors(x, weight)
 
 
 def test_tiles_for_a_qwen25_half_billion_shape() -> None:

@@ -27,7 +27,7 @@ def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
                           timeout=600, cwd=Path(__file__).parent.parent)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("compiled ")]
-    assert len(lines) == 16, proc.stdout  # every variant built below
+    assert len(lines) == 19, proc.stdout  # every variant built below
     for line in lines:
         shared = int(line.rsplit(" ", 1)[1])
         assert shared <= SHARED_MEMORY_LIMIT, line
@@ -70,7 +70,8 @@ def compile_all() -> None:
             "scale_log2": "fp32", "max_len": "i32", "qkv_stride": "i32", "table_stride": "i32",
         }, {"HEADS": 14, "KV_HEADS": 2, "GROUP": 7, "GROUP_PAD": 16, "HEAD_DIM": 64,
             "BLOCK_N": 64, "SPLITS": splits, "HAS_NORM": norm, "UPCAST": dtype == "fp32",
-            "PDL": pdl, "ROTARY_BY_POSITION": pdl}, num_warps=4, launch_pdl=pdl)
+            "PDL": pdl, "ROTARY_BY_POSITION": pdl}, num_warps=4,
+            num_stages=decode_attention.ATTEND_STAGES, launch_pdl=pdl)
     build(combine, {"partial_ptr": "*fp32", "stats_ptr": "*fp32", "out_ptr": "*bf16",
                     "batch": "i32"}, {"HEADS": 14, "SPLITS": 2, "HEAD_DIM": 64, "PDL": True},
           num_warps=2, launch_pdl=True)
@@ -92,18 +93,25 @@ def compile_all() -> None:
         num_stages=tiles.num_stages, launch_pdl=True)
 
     skinny = decode_linear._kernels()
-    linear_types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "rows": "i32",
-                    "columns": "i32", "depth": "i32", "x_stride": "i32"}
+    linear_types = {"b_ptr": "*bf16", "rows": "i32", "columns": "i32", "depth": "i32",
+                    "x_stride": "i32"}
     for columns, depth, may_split, bias in ((1152, 896, False, True), (896, 896, True, False),
                                             (896, 4864, True, False)):
         linear_tiles = decode_linear.choose_linear_tiles(columns, depth, 132,
                                                          may_split=may_split)
         partial = linear_tiles.splits(depth) > 1
-        build(skinny, {**linear_types, "out_ptr": "*fp32" if partial else "*bf16"}, {
-            "BLOCK_M": 64, "BLOCK_N": linear_tiles.block_n, "BLOCK_K": decode_linear.BLOCK_K,
-            "K_SPLIT": linear_tiles.k_split, "HAS_BIAS": bias, "PARTIAL": partial,
-            "UPCAST": False, "PDL": True}, num_warps=linear_tiles.num_warps,
-            num_stages=linear_tiles.num_stages, launch_pdl=True)
+        block_k = decode_linear.BLOCK_K
+        for descriptors in (False, True):  # per-thread loads, tensor descriptors
+            sources = ({"x_source": f"tensordesc<bf16[64, {block_k}]>",
+                        "w_source": f"tensordesc<bf16[{linear_tiles.block_n}, {block_k}]>"}
+                       if descriptors else {"x_source": "*bf16", "w_source": "*bf16"})
+            build(skinny, {**linear_types, **sources,
+                           "out_ptr": "*fp32" if partial else "*bf16"}, {
+                "BLOCK_M": 64, "BLOCK_N": linear_tiles.block_n, "BLOCK_K": block_k,
+                "K_SPLIT": linear_tiles.k_split, "HAS_BIAS": bias, "PARTIAL": partial,
+                "UPCAST": False, "PDL": True, "DESCRIPTORS": descriptors},
+                num_warps=linear_tiles.num_warps, num_stages=linear_tiles.num_stages,
+                launch_pdl=True)
     norm_types = {"residual_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
                   "rows": "i32", "hidden": "i32", "eps": "fp32"}
     for update, parts in (("*fp32", 8), ("*bf16", 0)):

@@ -14,6 +14,12 @@ the previous kernel finishes and waits for it (``griddepcontrol.wait``) before r
 anything, then lets the next kernel start. Every kernel of the chain waits before it
 reads or writes, so the order of effects is that of ordinary launches.
 
+On GPUs with a tensor memory accelerator (compute capability 9.0 and newer), half-precision
+operands whose rows are 16-byte aligned are read through tensor descriptors: each tile of
+the weight and of ``x`` arrives as one bulk copy, and tiles past the tensor's edge read
+as zeros (measured at 64 rows of a Qwen2.5-0.5B-shaped model on an H100: the decode
+step's forward pass 859 µs against 874 µs with per-thread loads).
+
 Triton is imported by :func:`_kernels` on first use, so importing this module does not.
 """
 
@@ -25,11 +31,18 @@ from typing import Any
 
 import torch
 
-from reasonctl.rollout.triton_support import interpreting, next_power_of_two
+from reasonctl.rollout.triton_support import (
+    interpreting,
+    next_power_of_two,
+    supports_tensor_descriptors,
+)
 
 MAX_ROWS = 64
 """The most rows :func:`skinny_linear` takes: every program holds all rows' accumulators."""
 BLOCK_K = 128
+TENSOR_DESCRIPTORS = True
+"""Operands are read through tensor descriptors where :func:`uses_descriptors` allows
+(False: per-thread loads everywhere, e.g. to measure what descriptors save)."""
 
 
 @dataclass(frozen=True)
@@ -91,11 +104,26 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         raise ValueError("skinny_linear: " + "; ".join(problems))
 
 
+def uses_descriptors(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True when :func:`skinny_linear` reads ``x`` and ``weight`` through tensor
+    descriptors: :data:`TENSOR_DESCRIPTORS` is on, the device has them (not Triton's
+    interpreter, where they are used only when asked for), and both are half-precision with
+    16-byte aligned starts and row strides."""
+    if not TENSOR_DESCRIPTORS or not supports_tensor_descriptors(x.device):
+        return False
+    return x.element_size() == 2 and all(
+        t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
+        for t in (x, weight))
+
+
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  tiles: LinearTiles, *, pdl: bool = False) -> torch.Tensor:
+                  tiles: LinearTiles, *, pdl: bool = False,
+                  descriptors: bool | None = None) -> torch.Tensor:
     """``x @ weight.T (+ bias)`` for ``x`` ``[M, K]`` (``M`` <= :data:`MAX_ROWS`) and
     ``weight`` ``[N, K]``: ``[M, N]`` in ``x``'s dtype when ``tiles`` does not split the
-    reduction, else float32 partial sums ``[splits, M, N]`` whose sum is the product."""
+    reduction, else float32 partial sums ``[splits, M, N]`` whose sum is the product.
+    ``descriptors`` forces tensor-descriptor loads on or off (None:
+    :func:`uses_descriptors` decides)."""
     _check(x, weight, bias, tiles)
     rows, depth = x.shape
     columns = weight.shape[0]
@@ -106,12 +134,21 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         out = torch.empty((rows, columns), dtype=x.dtype, device=x.device)
     if rows == 0:
         return out.zero_()
+    block_m = max(16, next_power_of_two(rows))
+    if descriptors is None:
+        descriptors = uses_descriptors(x, weight)
+    x_source, w_source = x, weight
+    if descriptors:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        x_source = TensorDescriptor.from_tensor(x, [block_m, BLOCK_K])
+        w_source = TensorDescriptor.from_tensor(weight, [tiles.block_n, BLOCK_K])
     launch = {"launch_pdl": True} if pdl else {}
     _kernels()[(-(-columns // tiles.block_n), splits)](
-        x, weight, weight if bias is None else bias, out, rows, columns, depth, x.stride(0),
-        BLOCK_M=max(16, next_power_of_two(rows)), BLOCK_N=tiles.block_n,
-        BLOCK_K=BLOCK_K, K_SPLIT=tiles.k_split, HAS_BIAS=bias is not None,
-        PARTIAL=splits > 1, UPCAST=x.dtype == torch.float32 or interpreting(), PDL=pdl,
+        x_source, w_source, weight if bias is None else bias, out, rows, columns, depth,
+        x.stride(0), BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=BLOCK_K,
+        K_SPLIT=tiles.k_split, HAS_BIAS=bias is not None, PARTIAL=splits > 1,
+        UPCAST=x.dtype == torch.float32 or interpreting(), PDL=pdl, DESCRIPTORS=descriptors,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **launch,
     )
     return out
@@ -130,10 +167,11 @@ def _kernels() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def skinny(x_ptr, w_ptr, b_ptr, out_ptr, rows, columns, depth, x_stride,
+    def skinny(x_source, w_source, b_ptr, out_ptr, rows, columns, depth, x_stride,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                K_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
-               UPCAST: tl.constexpr, PDL: tl.constexpr):
+               UPCAST: tl.constexpr, PDL: tl.constexpr, DESCRIPTORS: tl.constexpr):
+        # x_source / w_source: tensor descriptors with DESCRIPTORS, else pointers
         tile = tl.program_id(0)
         split = tl.program_id(1)
         row = tl.arange(0, BLOCK_M)
@@ -142,18 +180,21 @@ def _kernels() -> Any:
         column_ok = column < columns
         start = split * K_SPLIT
         step = tl.arange(0, BLOCK_K)
-        w_rows = w_ptr + column.to(tl.int64)[:, None] * depth
         if PDL:  # x is the previous kernel's output
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
         for offset in range(0, K_SPLIT, BLOCK_K):
-            k = start + offset + step
-            k_ok = k < depth
-            w = tl.load(w_rows + k[None, :], mask=column_ok[:, None] & k_ok[None, :],
-                        other=0.0)
-            xs = tl.load(x_ptr + row[:, None] * x_stride + k[None, :],
-                         mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            if DESCRIPTORS:  # past the edges the copies read zeros
+                w = w_source.load([tile * BLOCK_N, start + offset])
+                xs = x_source.load([0, start + offset])
+            else:
+                k = start + offset + step
+                k_ok = k < depth
+                w = tl.load(w_source + column.to(tl.int64)[:, None] * depth + k[None, :],
+                            mask=column_ok[:, None] & k_ok[None, :], other=0.0)
+                xs = tl.load(x_source + row[:, None] * x_stride + k[None, :],
+                             mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             if UPCAST:
                 acc += tl.dot(w.to(tl.float32), tl.trans(xs.to(tl.float32)),
                               input_precision="ieee")

@@ -47,3 +47,18 @@ def supports_pdl(device: torch.device) -> bool:
     import triton.language.extra.cuda as cuda_extras
 
     return hasattr(cuda_extras, "gdc_wait")
+
+
+def supports_tensor_descriptors(device: torch.device) -> bool:
+    """True when compiled kernels on ``device`` can load tiles through tensor-memory-
+    accelerator descriptors (one bulk copy per tile instead of per-thread loads): a CUDA
+    GPU of compute capability 9.0 or newer with a Triton that has host-side descriptors.
+    (Triton's interpreter also runs descriptor loads; kernels use them there only when
+    asked to.)"""
+    if device.type != "cuda" or interpreting() or not triton_available():
+        return False
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
