@@ -57,6 +57,39 @@ def test_kernel_matches_the_torch_path_and_fills_the_cache_alike(
     torch.testing.assert_close(values, ref_values, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("parts", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_partial_sums_of_a_split_qkv_matmul_give_the_summed_product(
+        parts: int, dtype: torch.dtype) -> None:
+    """A split QKV matmul's float32 partial sums and its bias, summed and rounded inside the
+    kernel, attend as the rounded product does (and store the same keys and values)."""
+    qkv, cos, sin, positions, keys, values = make_case(
+        batch=4, slots=5, heads=4, kv_heads=2, head_dim=16, max_len=90, dtype=dtype, seed=5)
+    gen = torch.Generator().manual_seed(6)
+    partials = torch.randn(parts, *qkv.shape, generator=gen)
+    bias = torch.randn(qkv.shape[1], generator=gen).to(dtype)
+    product = (partials.sum(0) + bias.float()).to(dtype)
+    ref_keys, ref_values = keys.clone(), values.clone()
+    expected = decode_attention(product, cos, sin, positions, ref_keys, ref_values, heads=4,
+                                scale=0.25, splits=2)
+    got = decode_attention(partials, cos, sin, positions, keys, values, heads=4, scale=0.25,
+                           splits=2, qkv_bias=bias)
+    tolerance = 2e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), expected.float(), atol=tolerance, rtol=tolerance)
+    # (one rounding step apart at most: here to bf16 inside the kernel, there by torch)
+    torch.testing.assert_close(keys, ref_keys, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(values, ref_values, atol=tolerance, rtol=tolerance)
+    reference = decode_attention_reference(partials, cos, sin, positions, keys.clone(),
+                                           values.clone(), heads=4, scale=0.25, qkv_bias=bias)
+    torch.testing.assert_close(got.float(), reference.float(), atol=tolerance, rtol=tolerance)
+    with pytest.raises(ValueError, match="qkv_bias must be .* only with partial sums"):
+        decode_attention(product, cos, sin, positions, keys, values, heads=4, scale=0.25,
+                         qkv_bias=bias)
+    with pytest.raises(ValueError, match="partial sums of qkv must be contiguous float32"):
+        decode_attention(partials.to(dtype) if dtype != torch.float32 else partials.double(),
+                         cos, sin, positions, keys, values, heads=4, scale=0.25)
+
+
 def test_tables_of_every_position_give_the_per_row_result() -> None:
     qkv, cos, sin, positions, keys, values = make_case(
         batch=5, slots=6, heads=4, kv_heads=2, head_dim=16, max_len=150,

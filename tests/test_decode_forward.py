@@ -21,9 +21,9 @@ def _model(kind: str, **extra: Any) -> Any:
 
     torch.manual_seed(0)
     if kind == "qwen2":
-        config = Qwen2Config(**SHAPE, tie_word_embeddings=True, **extra)
+        config = Qwen2Config(**{**SHAPE, **extra}, tie_word_embeddings=True)
     elif kind == "qwen3":
-        config = Qwen3Config(**SHAPE, head_dim=16, tie_word_embeddings=False, **extra)
+        config = Qwen3Config(**{**SHAPE, **extra}, head_dim=16, tie_word_embeddings=False)
     else:
         config = LlamaConfig(**SHAPE, attention_bias=False, tie_word_embeddings=False,
                              rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0,
@@ -61,6 +61,17 @@ def test_fused_kernels_without_the_chain_equal_the_full_forward_pass(
     _check_decode_step("qwen3", fused=True)
 
 
+@pytest.mark.usefixtures("triton_interpreter")
+def test_chain_with_a_split_qkv_matmul_equals_the_full_forward_pass() -> None:
+    """The QKV matmul's reduction split in two: attention sums the partial products and
+    adds the projection's bias."""
+    pytest.importorskip("triton")
+    from reasonctl.rollout.decode_linear import LinearTiles
+
+    model = _model("qwen3", hidden_size=256, attention_bias=True)
+    _check_decode_step("qwen3", fused=True, model=model, qkv_tiles=LinearTiles(16, 128))
+
+
 def test_chain_runs_only_where_every_kernel_does() -> None:
     model = _model("qwen3")
     assert not DecodeForward(model, torch.float32, fused_kernels=False).chain
@@ -68,10 +79,14 @@ def test_chain_runs_only_where_every_kernel_does() -> None:
     assert not DecodeForward(model, torch.float32, fused_kernels=True).chain
 
 
-def _check_decode_step(kind: str, *, fused: bool) -> None:
-    model = _model(kind)
+def _check_decode_step(kind: str, *, fused: bool, model: Any = None,
+                       qkv_tiles: Any = None) -> None:
+    model = _model(kind) if model is None else model
     assert supports_decode_forward(model)
     step = DecodeForward(model, torch.float32, fused_kernels=fused)
+    if qkv_tiles is not None:
+        step.qkv_tiles = qkv_tiles
+        assert qkv_tiles.splits(model.config.hidden_size) > 1
     assert step.fused_mlp is fused
     assert step.fused_attention is (fused and kind == "qwen3")  # the others: head size 8
     # the whole step as the kernel chain where attention is fused too (never PDL on CPU)

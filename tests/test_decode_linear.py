@@ -13,6 +13,7 @@ from reasonctl.rollout import decode_linear
 from reasonctl.rollout.decode_linear import (
     LinearTiles,
     choose_linear_tiles,
+    choose_qkv_tiles,
     skinny_linear,
     skinny_linear_reference,
     uses_descriptors,
@@ -96,8 +97,13 @@ def test_descriptors_are_chosen_only_where_compiled_kernels_have_them(
 
 def test_tiles_for_a_qwen25_half_billion_shape() -> None:
     processors = 132
-    qkv = choose_linear_tiles(1152, 896, processors, may_split=False)
-    assert (qkv.block_n, qkv.splits(896)) == (16, 1)
+    unsplit = choose_linear_tiles(1152, 896, processors, may_split=False)
+    assert (unsplit.block_n, unsplit.splits(896)) == (16, 1)
+    # the QKV matmul: 64-column tiles, quarters of the reduction, about half the processors
+    qkv = choose_qkv_tiles(1152, 896, processors)
+    assert (qkv.block_n, qkv.k_split, qkv.splits(896)) == (64, 256, 4)
+    assert -(-1152 // 64) * qkv.splits(896) == 72
+    assert choose_qkv_tiles(1152, 896, 1).splits(896) == 1  # one processor: no split
     out = choose_linear_tiles(896, 896, processors, may_split=True)
     assert (out.block_n, out.k_split, out.splits(896)) == (16, 512, 2)
     down = choose_linear_tiles(896, 4864, processors, may_split=True)

@@ -27,7 +27,7 @@ def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
                           timeout=600, cwd=Path(__file__).parent.parent)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("compiled ")]
-    assert len(lines) == 19, proc.stdout  # every variant built below
+    assert len(lines) == 22, proc.stdout  # every variant built below
     for line in lines:
         shared = int(line.rsplit(" ", 1)[1])
         assert shared <= SHARED_MEMORY_LIMIT, line
@@ -60,17 +60,22 @@ def compile_all() -> None:
         print(f"compiled {kernel.fn.__name__} {compiled.metadata.shared}")
 
     attend, combine = decode_attention._kernels()
-    for dtype, splits, norm, pdl in (("bf16", 1, False, False), ("bf16", 2, False, True),
-                                     ("bf16", 2, True, True), ("fp32", 2, True, False)):
+    for dtype, splits, norm, pdl, parts in (("bf16", 1, False, False, 0),
+                                            ("bf16", 2, False, True, 0),
+                                            ("bf16", 2, True, True, 0),
+                                            ("fp32", 2, True, False, 0),
+                                            ("bf16", 4, False, True, 4)):  # split QKV
         build(attend, {
             "qkv_ptr": f"*{dtype}", "cos_ptr": f"*{dtype}", "sin_ptr": f"*{dtype}",
             "positions_ptr": "*i64", "key_ptr": f"*{dtype}", "value_ptr": f"*{dtype}",
             "q_norm_ptr": f"*{dtype}", "k_norm_ptr": f"*{dtype}", "norm_eps": "fp32",
-            "out_ptr": f"*{dtype}", "partial_ptr": "*fp32", "stats_ptr": "*fp32",
-            "scale_log2": "fp32", "max_len": "i32", "qkv_stride": "i32", "table_stride": "i32",
+            "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "partial_ptr": "*fp32",
+            "stats_ptr": "*fp32", "scale_log2": "fp32", "max_len": "i32",
+            "qkv_stride": "i32", "part_stride": "i32", "table_stride": "i32",
         }, {"HEADS": 14, "KV_HEADS": 2, "GROUP": 7, "GROUP_PAD": 16, "HEAD_DIM": 64,
             "BLOCK_N": 64, "SPLITS": splits, "HAS_NORM": norm, "UPCAST": dtype == "fp32",
-            "PDL": pdl, "ROTARY_BY_POSITION": pdl}, num_warps=4,
+            "PDL": pdl, "QKV_PARTS": parts, "QKV_BIAS": parts > 0,
+            "ROTARY_BY_POSITION": pdl}, num_warps=4,
             num_stages=decode_attention.ATTEND_STAGES, launch_pdl=pdl)
     build(combine, {"partial_ptr": "*fp32", "stats_ptr": "*fp32", "out_ptr": "*bf16",
                     "batch": "i32"}, {"HEADS": 14, "SPLITS": 2, "HEAD_DIM": 64, "PDL": True},
@@ -95,10 +100,12 @@ def compile_all() -> None:
     skinny = decode_linear._kernels()
     linear_types = {"b_ptr": "*bf16", "rows": "i32", "columns": "i32", "depth": "i32",
                     "x_stride": "i32"}
-    for columns, depth, may_split, bias in ((1152, 896, False, True), (896, 896, True, False),
-                                            (896, 4864, True, False)):
-        linear_tiles = decode_linear.choose_linear_tiles(columns, depth, 132,
-                                                         may_split=may_split)
+    for columns, depth, may_split, bias in ((1152, 896, False, True), (1152, 896, None, False),
+                                            (896, 896, True, False), (896, 4864, True, False)):
+        linear_tiles = (decode_linear.choose_qkv_tiles(columns, depth, 132)  # the chain's QKV
+                        if may_split is None else
+                        decode_linear.choose_linear_tiles(columns, depth, 132,
+                                                          may_split=may_split))
         partial = linear_tiles.splits(depth) > 1
         block_k = decode_linear.BLOCK_K
         for descriptors in (False, True):  # per-thread loads, tensor descriptors

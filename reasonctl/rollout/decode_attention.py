@@ -5,9 +5,11 @@ takes several kernels per layer (rotary embedding of queries and keys, two cache
 a mask, attention over the cache's whole allocated length). :func:`decode_attention`
 does it in one kernel, or two when the keys are split across programs:
 
-- It reads the fused QKV projection's output row as it is, applies the per-head RMSNorm
-  of Qwen3-style models when given, then the rotary embedding, to the query heads of one
-  key/value head and to that head's new key.
+- It reads the fused QKV projection's output row as it is, or sums the float32 partial
+  sums of a split QKV matmul (:mod:`reasonctl.rollout.decode_linear`) and its bias,
+  rounding as the unsplit matmul would; applies the per-head RMSNorm of Qwen3-style
+  models when given, then the rotary embedding, to the query heads of one key/value head
+  and to that head's new key.
 - It stores the new key and value at the slot's position in the cache.
 - It attends over positions ``0 .. position`` only: each slot's real length bounds the
   keys read, not the cache's allocated length. The query heads sharing a key/value head
@@ -85,23 +87,26 @@ def decode_attention(
     splits: int = 1,
     pdl: bool = False,
     rotary_by_position: bool = False,
+    qkv_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention output ``[B, heads * head_dim]`` (cache dtype) for one new token per slot.
 
     ``qkv`` is ``[B, (heads + 2 * kv_heads) * head_dim]``: queries, keys, values of the
-    first ``B`` slots, before rotary. ``cos``/``sin`` are ``[B, head_dim]`` rotary tables
-    at ``positions`` (``[B]``, integer), where the new keys/values are stored into
-    ``key_cache``/``value_cache`` (``[slots, kv_heads, max_len, head_dim]``, written in
-    place). ``q_norm``/``k_norm`` are per-head RMSNorm weights (``[head_dim]``) applied
-    before rotary, as in Qwen3. ``splits`` (a power of two) is the number of programs
-    sharing each slot's keys. With ``pdl`` the kernels are programmatic dependent
+    first ``B`` slots, before rotary; or ``[parts, B, (heads + 2 * kv_heads) * head_dim]``
+    float32 partial sums whose sum (plus ``qkv_bias``, ``[(heads + 2 * kv_heads) *
+    head_dim]``, when given; only with partial sums) is that. ``cos``/``sin`` are ``[B,
+    head_dim]`` rotary tables at ``positions`` (``[B]``, integer), where the new keys/values
+    are stored into ``key_cache``/``value_cache`` (``[slots, kv_heads, max_len, head_dim]``,
+    written in place). ``q_norm``/``k_norm`` are per-head RMSNorm weights (``[head_dim]``)
+    applied before rotary, as in Qwen3. ``splits`` (a power of two) is the number of
+    programs sharing each slot's keys. With ``pdl`` the kernels are programmatic dependent
     launches (see :mod:`reasonctl.rollout.decode_linear`). With ``rotary_by_position``,
     ``cos``/``sin`` are tables of every cache position (``[max_len, head_dim]``), read at
     each row's position, so they need not be computed every step.
     """
     return torch.ops.reasonctl.decode_attention(
         qkv, cos, sin, positions, key_cache, value_cache, q_norm, k_norm, norm_eps,
-        heads, scale, splits, pdl, rotary_by_position,
+        heads, scale, splits, pdl, rotary_by_position, qkv_bias,
     )
 
 
@@ -111,12 +116,12 @@ def _decode_attention_op(
     qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
     key_cache: torch.Tensor, value_cache: torch.Tensor, q_norm: torch.Tensor | None,
     k_norm: torch.Tensor | None, norm_eps: float, heads: int, scale: float, splits: int,
-    pdl: bool, rotary_by_position: bool,
+    pdl: bool, rotary_by_position: bool, qkv_bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    batch = qkv.shape[0]
+    batch = qkv.shape[-2]
     _, kv_heads, max_len, head_dim = key_cache.shape
     _check(qkv, cos, sin, positions, key_cache, value_cache, heads, splits,
-           rotary_by_position)
+           rotary_by_position, qkv_bias)
     group = heads // kv_heads
     out = torch.empty((batch, heads * head_dim), dtype=key_cache.dtype, device=qkv.device)
     if batch == 0:
@@ -133,11 +138,13 @@ def _decode_attention_op(
     attend[(batch, kv_heads, splits)](
         qkv, cos, sin, positions, key_cache, value_cache,
         q_norm if has_norm else qkv, k_norm if has_norm else qkv, norm_eps,
+        qkv if qkv_bias is None else qkv_bias,
         out, partial, stats, scale * math.log2(math.e), max_len,
-        qkv.stride(0), cos.stride(0),
+        qkv.stride(-2), batch * qkv.stride(-2), cos.stride(0),
         HEADS=heads, KV_HEADS=kv_heads, GROUP=group,
         GROUP_PAD=max(16, next_power_of_two(group)), HEAD_DIM=head_dim, BLOCK_N=64,
         SPLITS=splits, HAS_NORM=has_norm, UPCAST=_upcast_dots(key_cache.dtype), PDL=pdl,
+        QKV_PARTS=qkv.shape[0] if qkv.dim() == 3 else 0, QKV_BIAS=qkv_bias is not None,
         ROTARY_BY_POSITION=rotary_by_position, num_warps=4, num_stages=ATTEND_STAGES,
         **launch,
     )
@@ -153,23 +160,31 @@ def _decode_attention_shape(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
                             value_cache: torch.Tensor, q_norm: torch.Tensor | None,
                             k_norm: torch.Tensor | None, norm_eps: float, heads: int,
                             scale: float, splits: int, pdl: bool,
-                            rotary_by_position: bool) -> torch.Tensor:
-    return qkv.new_empty((qkv.shape[0], heads * key_cache.shape[-1]), dtype=key_cache.dtype)
+                            rotary_by_position: bool,
+                            qkv_bias: torch.Tensor | None) -> torch.Tensor:
+    return qkv.new_empty((qkv.shape[-2], heads * key_cache.shape[-1]), dtype=key_cache.dtype)
 
 
 def _check(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
            key_cache: torch.Tensor, value_cache: torch.Tensor, heads: int, splits: int,
-           rotary_by_position: bool = False) -> None:
-    batch = qkv.shape[0]
+           rotary_by_position: bool = False, qkv_bias: torch.Tensor | None = None) -> None:
+    batch = qkv.shape[-2] if qkv.dim() in (2, 3) else 0
     slots, kv_heads, max_len, head_dim = key_cache.shape
+    width = (heads + 2 * kv_heads) * head_dim
     problems = []
     if value_cache.shape != key_cache.shape or value_cache.dtype != key_cache.dtype:
         problems.append("value_cache must match key_cache in shape and dtype")
     if heads % kv_heads:
         problems.append(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
-    if qkv.dim() != 2 or qkv.shape[1] != (heads + 2 * kv_heads) * head_dim:
-        problems.append(f"qkv must be [B, {(heads + 2 * kv_heads) * head_dim}], "
+    if qkv.dim() not in (2, 3) or qkv.shape[-1] != width:
+        problems.append(f"qkv must be [B, {width}] or [parts, B, {width}], "
                         f"got {list(qkv.shape)}")
+    elif qkv.dim() == 3 and (qkv.dtype != torch.float32 or not qkv.is_contiguous()):
+        problems.append(f"partial sums of qkv must be contiguous float32, got {qkv.dtype}")
+    if qkv_bias is not None and (qkv.dim() != 3 or qkv_bias.shape != (width,)):
+        problems.append(f"qkv_bias must be [{width}] and comes only with partial sums "
+                        f"(a whole product has its bias already), got "
+                        f"{list(qkv_bias.shape)} with qkv {list(qkv.shape)}")
     if batch > slots:
         problems.append(f"{batch} rows for {slots} cache slots")
     rows, what = (max_len, "max_len") if rotary_by_position else (batch, "B")
@@ -178,7 +193,7 @@ def _check(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: t
             problems.append(f"{name} must be [{what}, head_dim] with contiguous rows")
     if positions.shape != (batch,):
         problems.append("positions must be [B]")
-    if not (key_cache.is_contiguous() and value_cache.is_contiguous() and qkv.stride(1) == 1):
+    if not (key_cache.is_contiguous() and value_cache.is_contiguous() and qkv.stride(-1) == 1):
         problems.append("caches must be contiguous and qkv rows contiguous")
     if splits < 1 or splits & (splits - 1):
         problems.append(f"splits must be a power of two, got {splits}")
@@ -201,12 +216,13 @@ def _kernels() -> tuple[Any, Any]:
 
     @triton.jit
     def attend(qkv_ptr, cos_ptr, sin_ptr, positions_ptr, key_ptr, value_ptr,
-               q_norm_ptr, k_norm_ptr, norm_eps, out_ptr, partial_ptr, stats_ptr,
-               scale_log2, max_len, qkv_stride, table_stride,
+               q_norm_ptr, k_norm_ptr, norm_eps, bias_ptr, out_ptr, partial_ptr, stats_ptr,
+               scale_log2, max_len, qkv_stride, part_stride, table_stride,
                HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                SPLITS: tl.constexpr, HAS_NORM: tl.constexpr, UPCAST: tl.constexpr,
-               PDL: tl.constexpr, ROTARY_BY_POSITION: tl.constexpr):
+               PDL: tl.constexpr, QKV_PARTS: tl.constexpr, QKV_BIAS: tl.constexpr,
+               ROTARY_BY_POSITION: tl.constexpr):
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -230,13 +246,34 @@ def _kernels() -> tuple[Any, Any]:
         # queries of this key/value head's group: [GROUP_PAD, HEAD_DIM]
         group = tl.arange(0, GROUP_PAD)
         in_group = group < GROUP
-        q_at = qkv_row + (kv_head * GROUP + group)[:, None] * HEAD_DIM
-        q = tl.load(q_at + dim[None, :], mask=in_group[:, None], other=0.0)
-        q_partner = tl.load(q_at + partner[None, :], mask=in_group[:, None], other=0.0)
-        k_at = qkv_row + HEADS * HEAD_DIM + kv_head * HEAD_DIM
-        k = tl.load(k_at + dim)
-        k_partner = tl.load(k_at + partner)
-        v = tl.load(qkv_row + (HEADS + KV_HEADS) * HEAD_DIM + kv_head * HEAD_DIM + dim)
+        q_at = (kv_head * GROUP + group)[:, None] * HEAD_DIM + dim[None, :]
+        q_partner_at = (kv_head * GROUP + group)[:, None] * HEAD_DIM + partner[None, :]
+        k_at = HEADS * HEAD_DIM + kv_head * HEAD_DIM + dim
+        k_partner_at = HEADS * HEAD_DIM + kv_head * HEAD_DIM + partner
+        v_at = (HEADS + KV_HEADS) * HEAD_DIM + kv_head * HEAD_DIM + dim
+        q = tl.load(qkv_row + q_at, mask=in_group[:, None], other=0.0)
+        q_partner = tl.load(qkv_row + q_partner_at, mask=in_group[:, None], other=0.0)
+        k = tl.load(qkv_row + k_at)
+        k_partner = tl.load(qkv_row + k_partner_at)
+        v = tl.load(qkv_row + v_at)
+        if QKV_PARTS > 0:  # float32 partial sums: add the others (and the bias), round
+            for part in tl.static_range(1, QKV_PARTS):
+                part_row = qkv_row + part * part_stride
+                q += tl.load(part_row + q_at, mask=in_group[:, None], other=0.0)
+                q_partner += tl.load(part_row + q_partner_at, mask=in_group[:, None],
+                                     other=0.0)
+                k += tl.load(part_row + k_at)
+                k_partner += tl.load(part_row + k_partner_at)
+                v += tl.load(part_row + v_at)
+            if QKV_BIAS:
+                q += tl.load(bias_ptr + q_at, mask=in_group[:, None], other=0.0).to(tl.float32)
+                q_partner += tl.load(bias_ptr + q_partner_at, mask=in_group[:, None],
+                                     other=0.0).to(tl.float32)
+                k += tl.load(bias_ptr + k_at).to(tl.float32)
+                k_partner += tl.load(bias_ptr + k_partner_at).to(tl.float32)
+                v += tl.load(bias_ptr + v_at).to(tl.float32)
+            q, q_partner = q.to(cache_dtype), q_partner.to(cache_dtype)
+            k, k_partner, v = k.to(cache_dtype), k_partner.to(cache_dtype), v.to(cache_dtype)
         if HAS_NORM:  # per-head RMSNorm, rounded to the input dtype, then the weight
             q_rstd = tl.rsqrt(tl.sum(q.to(tl.float32) * q.to(tl.float32), axis=1)
                               / HEAD_DIM + norm_eps)
@@ -357,8 +394,12 @@ def decode_attention_reference(
     q_norm: torch.Tensor | None = None,
     k_norm: torch.Tensor | None = None,
     norm_eps: float = 1e-6,
+    qkv_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`decode_attention` in plain torch (for tests and devices without Triton)."""
+    if qkv.dim() == 3:  # partial sums of a split matmul
+        total = qkv.sum(0) if qkv_bias is None else qkv.sum(0) + qkv_bias.float()
+        qkv = total.to(key_cache.dtype)
     batch = qkv.shape[0]
     _, kv_heads, max_len, head_dim = key_cache.shape
     q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)

@@ -48,7 +48,11 @@ from reasonctl.rollout.decode_attention import (
     supports_fused_attention,
 )
 from reasonctl.rollout.decode_linear import MAX_ROWS as LINEAR_MAX_ROWS
-from reasonctl.rollout.decode_linear import choose_linear_tiles, skinny_linear
+from reasonctl.rollout.decode_linear import (
+    choose_linear_tiles,
+    choose_qkv_tiles,
+    skinny_linear,
+)
 from reasonctl.rollout.decode_mlp import choose_tiles, gated_silu
 from reasonctl.rollout.decode_norm import MAX_HIDDEN, add_rms_norm
 from reasonctl.rollout.slot_cache import SlotKVCache
@@ -141,8 +145,8 @@ class DecodeForward:
         self.pdl = self.chain and PROGRAMMATIC_LAUNCHES and supports_pdl(device)
         """The chain's kernels are programmatic dependent launches."""
         first = self.layers[0]
-        self.qkv_tiles = choose_linear_tiles(first.qkv.shape[0], first.qkv.shape[1],
-                                             self.processors, may_split=False)
+        self.qkv_tiles = choose_qkv_tiles(first.qkv.shape[0], first.qkv.shape[1],
+                                          self.processors)
         self.out_tiles = choose_linear_tiles(first.out.shape[0], first.out.shape[1],
                                              self.processors,
                                              may_split=first.out_bias is None)
@@ -230,22 +234,26 @@ class DecodeForward:
                      cache: SlotKVCache) -> torch.Tensor:
         """:meth:`hidden` as the kernel chain (needs :attr:`chain`, at most
         :data:`CHAIN_ROWS` rows): per layer, residual add and RMSNorm, the QKV matmul,
-        attention, the output projection (its reduction split, summed by the next norm),
+        attention (which sums the QKV matmul's split products and adds its bias), the
+        output projection (its reduction split, summed by the next norm),
         residual add and RMSNorm, the gated MLP's gate/up, and the down projection."""
         inner = self.model.model
         residual = inner.embed_tokens(input_ids)
         cos, sin = self._rotary_tables(cache.max_len, residual.dtype, residual.device)
         splits = default_splits(cache.slots, self.kv_heads, cache.max_len, self.processors)
         pdl = self.pdl
+        split_qkv = self.qkv_tiles.splits(self.layers[0].qkv.shape[1]) > 1
         update = None
         for layer_index, (layer, weights) in enumerate(
                 zip(inner.layers, self.layers, strict=True)):
             h = add_rms_norm(residual, update, layer.input_layernorm.weight, self.norm_eps,
                              self.dtype, pdl=pdl)
-            qkv = skinny_linear(h, weights.qkv, weights.qkv_bias, self.qkv_tiles, pdl=pdl)
+            qkv = skinny_linear(h, weights.qkv, None if split_qkv else weights.qkv_bias,
+                                self.qkv_tiles, pdl=pdl)
             attended = self._attention(layer.self_attn, qkv, cos, sin, None, positions,
                                        cache, layer_index, None, splits, pdl=pdl,
-                                       rotary_by_position=True)
+                                       rotary_by_position=True,
+                                       qkv_bias=weights.qkv_bias if split_qkv else None)
             update = skinny_linear(attended, weights.out, weights.out_bias, self.out_tiles,
                                    pdl=pdl)
             h = add_rms_norm(residual, update, layer.post_attention_layernorm.weight,
@@ -288,11 +296,12 @@ class DecodeForward:
     def _attention(self, attention: Any, qkv: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, rows: torch.Tensor | None, positions: torch.Tensor,
                    cache: SlotKVCache, layer_index: int, allowed: torch.Tensor | None,
-                   splits: int, *, pdl: bool = False,
-                   rotary_by_position: bool = False) -> torch.Tensor:
+                   splits: int, *, pdl: bool = False, rotary_by_position: bool = False,
+                   qkv_bias: torch.Tensor | None = None) -> torch.Tensor:
         """One layer's attention output ``[B, heads * head_dim]`` (stores the new keys and
         values): the fused kernel where it runs (a programmatic dependent launch with
-        ``pdl``; ``cos``/``sin`` tables of every position with ``rotary_by_position``),
+        ``pdl``; ``cos``/``sin`` tables of every position with ``rotary_by_position``;
+        ``qkv`` may be the split QKV matmul's partial sums, whose bias is ``qkv_bias``),
         else stock operations."""
         if not self.fused_attention:
             assert allowed is not None and rows is not None, "stock attention needs the mask"
@@ -307,6 +316,7 @@ class DecodeForward:
             q_norm=None if q_norm is None else q_norm.weight,
             k_norm=None if q_norm is None else attention.k_norm.weight,
             norm_eps=self.q_norm_eps, pdl=pdl, rotary_by_position=rotary_by_position,
+            qkv_bias=qkv_bias,
         )
 
     def _attend(self, attention: Any, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
