@@ -89,6 +89,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--no-descriptors", action="store_true",
                         help="Per-thread loads in the kernel chain's matmuls instead of "
                         "tensor-descriptor (bulk copy) loads.")
+    parser.add_argument("--hf-prefill", action="store_true",
+                        help="Prefill prompts with the Hugging Face forward pass instead of "
+                        "the decode step's dedicated prefill.")
     parser.add_argument("--no-head-sampling", action="store_true",
                         help="Write logits and sample them (two kernels) instead of applying "
                         "the output head inside the sampler.")
@@ -327,10 +330,11 @@ def main() -> None:
         from reasonctl.rollout import decode_linear
 
         decode_linear.TENSOR_DESCRIPTORS = False
-    if args.no_pdl:
+    if args.no_pdl or args.hf_prefill:
         from reasonctl.rollout import decode_forward
 
-        decode_forward.PROGRAMMATIC_LAUNCHES = False
+        decode_forward.PROGRAMMATIC_LAUNCHES = not args.no_pdl
+        decode_forward.DEDICATED_PREFILL = not args.hf_prefill
     if args.sync_every:
         fast_decode.SYNC_EVERY = args.sync_every
     out = Path(args.out)
@@ -366,6 +370,7 @@ def main() -> None:
                             and not (args.no_chain or args.stock_mlp),
                             "pdl": bool(getattr(step, "pdl", False)),
                             "descriptors": _chain_uses_descriptors(step),
+                            "dedicated_prefill": step is not None and step.prefills,
                             "max_autotune": args.max_autotune,
                             "tokens": tokens, "seconds": seconds,
                             "tokens_per_s": tokens / seconds,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import pytest
@@ -70,6 +71,46 @@ def test_chain_with_a_split_qkv_matmul_equals_the_full_forward_pass() -> None:
 
     model = _model("qwen3", hidden_size=256, attention_bias=True)
     _check_decode_step("qwen3", fused=True, model=model, qkv_tiles=LinearTiles(16, 128))
+
+
+@pytest.mark.usefixtures("triton_interpreter")
+def test_prefill_equals_the_full_forward_pass_and_fills_the_cache_alike() -> None:
+    """Left-padded prompts, one of them in two slots: the dedicated prefill's last hidden
+    states and stored keys/values are the Hugging Face forward pass's."""
+    pytest.importorskip("triton")
+    model = _model("qwen3", attention_bias=True)
+    step = DecodeForward(model, torch.float32, fused_kernels=True)
+    assert step.prefills
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros((3, width), dtype=torch.long)
+    real = torch.zeros((3, width), dtype=torch.bool)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        real[row, width - len(prompt):] = True
+    positions = (real.long().cumsum(-1) - 1).clamp(min=0)
+    store_at = torch.where(real, positions, 15)
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    allowed = ((causal & real.view(-1, 1, width)) | torch.eye(width, dtype=torch.bool)
+               ).unsqueeze(1)
+    slots, source_rows = torch.tensor([2, 0, 1, 3]), torch.tensor([0, 1, 2, 0])
+    caches = [SlotKVCache(layers=2, slots=4, kv_heads=2, max_len=16, head_dim=16,
+                          dtype=torch.float32, device=torch.device("cpu")) for _ in range(2)]
+    for cache in caches:
+        cache.prepare_prefill(slots, source_rows, store_at)
+    with torch.no_grad():
+        ours = step.prefill_hidden(ids, positions, allowed, caches[0])
+        forward = inspect.signature(type(model.model).forward).parameters
+        cache_kwarg = "cache" if "cache" in forward else "past_key_values"
+        theirs = model.model(input_ids=ids, position_ids=positions, attention_mask=allowed,
+                             use_cache=True, **{cache_kwarg: caches[1]}).last_hidden_state
+        torch.testing.assert_close(ours, theirs[:, -1], rtol=1e-5, atol=1e-5)
+        for mine, reference in zip(caches[0].keys + caches[0].values,
+                                   caches[1].keys + caches[1].values, strict=True):
+            torch.testing.assert_close(mine, reference, rtol=1e-5, atol=1e-5)
+        for row, prompt in enumerate(prompts):  # padding changes nothing
+            alone = model(input_ids=torch.tensor([prompt])).logits[0, -1]
+            torch.testing.assert_close(step.logits(ours)[row], alone, rtol=1e-4, atol=1e-4)
 
 
 def test_chain_runs_only_where_every_kernel_does() -> None:

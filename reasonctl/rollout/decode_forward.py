@@ -27,6 +27,12 @@ engine repeats hundreds of times: one new token per slot of a
   have it (compute capability 9.0 and newer) each is a programmatic dependent launch, so
   a kernel starts while the previous one finishes. Only the embedding, the rotary table
   and the output head remain library operations; there is nothing left to compile.
+- Where the chain runs, :meth:`DecodeForward.prefill_hidden` also runs the prompts'
+  prefill with the same weights: one matmul each for QKV and gate/up, the chain's
+  residual add + RMSNorm kernel, the library's attention with the prompts' mask, and the
+  keys and values stored through the cache's own prefill store. The Hugging Face forward
+  pass launches about three times as many kernels for it, and prefill at 64 prompts is
+  bound by launching them.
 
 Supported: model types in :data:`SUPPORTED_MODEL_TYPES` with full attention, a static
 rotary frequency table (not the ``dynamic``/``longrope`` types) and no MLP bias; other
@@ -69,6 +75,9 @@ PROGRAMMATIC_LAUNCHES = True
 (False: ordinary launches, e.g. to measure what they save)."""
 SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+DEDICATED_PREFILL = True
+"""Where the kernel chain runs, the engine prefills prompts with
+:meth:`DecodeForward.prefill_hidden` (False: the Hugging Face forward pass)."""
 
 
 def supports_decode_forward(model: Any) -> bool:
@@ -213,7 +222,12 @@ class DecodeForward:
         ``positions`` (``[B]``) of the first ``B`` slots; stores their keys/values in
         ``cache`` and attends where ``allowed`` (``[B, 1, 1, max_len]``) is true (None when
         :attr:`fused_attention`: that kernel attends up to each row's position)."""
-        return F.linear(self.hidden(input_ids, positions, cache, allowed), self.lm_head)
+        return self.logits(self.hidden(input_ids, positions, cache, allowed))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head's logits ``[B, V]`` (compute dtype) of hidden states
+        ``[B, hidden]``."""
+        return F.linear(hidden, self.lm_head)
 
     def logits_into(self, hidden: torch.Tensor, out: torch.Tensor) -> None:
         """Write the logits of :meth:`hidden`'s output into ``out`` (``[B, V]``, compute
@@ -262,6 +276,62 @@ class DecodeForward:
             update = skinny_linear(activated, weights.down, None, self.down_tiles, pdl=pdl)
         return add_rms_norm(residual, update, inner.norm.weight, self.norm_eps, self.dtype,
                             pdl=pdl)
+
+    @property
+    def prefills(self) -> bool:
+        """True when :meth:`prefill_hidden` runs (where the kernel chain does)."""
+        return self.chain and DEDICATED_PREFILL
+
+    def prefill_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                       allowed: torch.Tensor, cache: SlotKVCache) -> torch.Tensor:
+        """Prefill of ``input_ids`` (``[P, W]`` left-padded prompts at ``positions``,
+        attending where ``allowed``, ``[P, 1, W, W]``): the final-normalised hidden states
+        of each row's last position (``[P, hidden]``, compute dtype). Keys and values
+        are stored by ``cache.update``, so ``cache.prepare_prefill`` must have said
+        where. Needs :attr:`prefills`.
+
+        Numerics are those of the decode chain: matmuls in the compute dtype, the
+        residual stream in the model's dtype, rotary in float32 rounded to the cache
+        dtype, attention by ``scaled_dot_product_attention`` in the cache dtype."""
+        inner = self.model.model
+        rows, width = input_ids.shape
+        embedded = inner.embed_tokens(input_ids)
+        residual = embedded.reshape(rows * width, -1)
+        tables = self._rotary_tables(cache.max_len, residual.dtype, residual.device)
+        # [P, W, 1, head_dim] at each token's position, in float32
+        cos, sin = (table.view(cache.max_len, -1)[positions].unsqueeze(2).float()
+                    for table in tables)
+        cache_dtype = cache.keys[0].dtype
+        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        update = None
+        for layer_index, (layer, weights) in enumerate(
+                zip(inner.layers, self.layers, strict=True)):
+            attention = layer.self_attn
+            h = add_rms_norm(residual, update, layer.input_layernorm.weight, self.norm_eps,
+                             self.dtype)
+            q, k, v = F.linear(h, weights.qkv, weights.qkv_bias).split(
+                [q_width, kv_width, kv_width], dim=-1)
+            q = q.view(rows, width, self.heads, self.head_dim)
+            k = k.view(rows, width, self.kv_heads, self.head_dim)
+            v = v.reshape(rows, width, self.kv_heads, self.head_dim)
+            if hasattr(attention, "q_norm"):  # Qwen3: RMSNorm per head before rotary
+                q, k = attention.q_norm(q), attention.k_norm(k)
+            q = _rotate(q.float(), cos, sin).to(cache_dtype).transpose(1, 2)
+            k = _rotate(k.float(), cos, sin).to(cache_dtype).transpose(1, 2)
+            v = v.to(cache_dtype).transpose(1, 2)
+            cache.update(k, v, layer_index)
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
+                                                      scale=self.scaling, enable_gqa=True)
+            update = F.linear(attended.transpose(1, 2).reshape(rows * width, q_width)
+                              .to(self.dtype), weights.out, weights.out_bias)
+            h = add_rms_norm(residual, update, layer.post_attention_layernorm.weight,
+                             self.norm_eps, self.dtype)
+            gate, up = F.linear(h, weights.gate_up).chunk(2, dim=-1)
+            update = F.linear(layer.mlp.act_fn(gate) * up, weights.down)
+        last_residual = residual.view(rows, width, -1)[:, -1].contiguous()
+        last_update = update.view(rows, width, -1)[:, -1].contiguous()
+        return add_rms_norm(last_residual, last_update, inner.norm.weight, self.norm_eps,
+                            self.dtype)
 
     def stock_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor,
                      cache: SlotKVCache, allowed: torch.Tensor | None) -> torch.Tensor:

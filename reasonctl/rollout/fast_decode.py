@@ -259,6 +259,17 @@ class StaticDecoder:
                                    positions.view(batch, 1), allowed)
         buffers.logits[:batch].copy_(logits)
 
+    def prefill(self, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, *,
+                head: bool = True) -> torch.Tensor:
+        """Prefill of left-padded prompts into the slots that ``cache.prepare_prefill``
+        named: :meth:`DecodeForward.prefill_hidden` where it runs, else
+        :meth:`call_model`; returns as :meth:`call_model` does."""
+        step = self.decode_forward
+        if step is None or not step.prefills:
+            return self.call_model(ids, positions, allowed, head=head)
+        hidden = step.prefill_hidden(ids, positions, allowed, self.cache)
+        return step.logits(hidden) if head else hidden
+
     def call_model(self, ids: torch.Tensor, positions: torch.Tensor,
                    allowed: torch.Tensor, *, head: bool = True) -> torch.Tensor:
         """Run the Hugging Face model with explicit positions and a boolean
@@ -573,7 +584,7 @@ class _Run:
         b = self.buffers
         # what the first step samples from: logits, or hidden states for head sampling
         target = b.hidden if self.head_sampling else b.logits
-        last = self.decoder.call_model(ids, positions, allowed, head=not self.head_sampling)
+        last = self.decoder.prefill(ids, positions, allowed, head=not self.head_sampling)
         target.index_copy_(0, slot_index, last.index_select(0, source_rows).to(target.dtype))
         # the position of the prompt's last token: each step's bookkeeping moves it on
         # before the forward pass stores the new token there
