@@ -43,12 +43,13 @@ def triton_interpreter(monkeypatch: pytest.MonkeyPatch):
         decode_mlp,
         decode_norm,
         head_sampling,
+        prefill_kernels,
         race_sampling,
         step_record,
     )
 
     modules = (decode_attention, decode_linear, decode_mlp, decode_norm, head_sampling,
-               race_sampling, step_record)
+               prefill_kernels, race_sampling, step_record)
     for module in modules:
         module._kernels.cache_clear()
     yield

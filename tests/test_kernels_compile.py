@@ -27,7 +27,7 @@ def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
                           timeout=600, cwd=Path(__file__).parent.parent)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("compiled ")]
-    assert len(lines) == 22, proc.stdout  # every variant built below
+    assert len(lines) == 25, proc.stdout  # every variant built below
     for line in lines:
         shared = int(line.rsplit(" ", 1)[1])
         assert shared <= SHARED_MEMORY_LIMIT, line
@@ -45,6 +45,7 @@ def compile_all() -> None:
         decode_mlp,
         decode_norm,
         head_sampling,
+        prefill_kernels,
         race_sampling,
         step_record,
     )
@@ -124,6 +125,17 @@ def compile_all() -> None:
     for update, parts in (("*fp32", 8), ("*bf16", 0)):
         build(decode_norm._kernels(), {**norm_types, "update_ptr": update},
               {"PARTS": parts, "BLOCK_H": 1024, "PDL": True}, num_warps=4, launch_pdl=True)
+
+    rotary, activation = prefill_kernels._kernels()
+    for heads in (14, 2):  # queries, keys
+        build(rotary, {"x_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
+                       "positions_ptr": "*i64", "out_ptr": "*bf16", "x_stride": "i32",
+                       "table_stride": "i32"},
+              {"HEADS": heads, "HEADS_PAD": 16 if heads == 14 else 2, "HEAD_DIM": 64},
+              num_warps=4)
+    build(activation, {"gate_up_ptr": "*bf16", "out_ptr": "*bf16", "ffn": "i32",
+                       "row_stride": "i32"}, {"BLOCK": prefill_kernels.ACTIVATION_BLOCK},
+          num_warps=4)
 
     build(step_record._kernels(), {
         "tokens_ptr": "*i64", "logprobs_ptr": "*fp32", "done_ptr": "*i1",

@@ -29,10 +29,10 @@ engine repeats hundreds of times: one new token per slot of a
   and the output head remain library operations; there is nothing left to compile.
 - Where the chain runs, :meth:`DecodeForward.prefill_hidden` also runs the prompts'
   prefill with the same weights: one matmul each for QKV and gate/up, the chain's
-  residual add + RMSNorm kernel, the library's attention with the prompts' mask, and the
-  keys and values stored through the cache's own prefill store. The Hugging Face forward
-  pass launches about three times as many kernels for it, and prefill at 64 prompts is
-  bound by launching them.
+  residual add + RMSNorm kernel, one kernel each for the rotary embedding and the
+  activation (:mod:`~reasonctl.rollout.prefill_kernels`), the library's attention with
+  the prompts' mask, and the keys and values stored through the cache's own prefill
+  store.
 
 Supported: model types in :data:`SUPPORTED_MODEL_TYPES` with full attention, a static
 rotary frequency table (not the ``dynamic``/``longrope`` types) and no MLP bias; other
@@ -61,6 +61,7 @@ from reasonctl.rollout.decode_linear import (
 )
 from reasonctl.rollout.decode_mlp import choose_tiles, gated_silu
 from reasonctl.rollout.decode_norm import MAX_HIDDEN, add_rms_norm
+from reasonctl.rollout.prefill_kernels import rotate, silu_and_mul
 from reasonctl.rollout.slot_cache import SlotKVCache
 from reasonctl.rollout.triton_support import kernels_run_on, supports_pdl
 
@@ -297,11 +298,11 @@ class DecodeForward:
         rows, width = input_ids.shape
         embedded = inner.embed_tokens(input_ids)
         residual = embedded.reshape(rows * width, -1)
-        tables = self._rotary_tables(cache.max_len, residual.dtype, residual.device)
-        # [P, W, 1, head_dim] at each token's position, in float32
-        cos, sin = (table.view(cache.max_len, -1)[positions].unsqueeze(2).float()
-                    for table in tables)
+        cos, sin = (table.view(cache.max_len, -1) for table in
+                    self._rotary_tables(cache.max_len, residual.dtype, residual.device))
+        token_positions = positions.reshape(-1)
         cache_dtype = cache.keys[0].dtype
+        tokens = rows * width
         q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
         update = None
         for layer_index, (layer, weights) in enumerate(
@@ -311,14 +312,14 @@ class DecodeForward:
                              self.dtype)
             q, k, v = F.linear(h, weights.qkv, weights.qkv_bias).split(
                 [q_width, kv_width, kv_width], dim=-1)
-            q = q.view(rows, width, self.heads, self.head_dim)
-            k = k.view(rows, width, self.kv_heads, self.head_dim)
-            v = v.reshape(rows, width, self.kv_heads, self.head_dim)
+            q = q.view(tokens, self.heads, self.head_dim)
+            k = k.view(tokens, self.kv_heads, self.head_dim)
             if hasattr(attention, "q_norm"):  # Qwen3: RMSNorm per head before rotary
                 q, k = attention.q_norm(q), attention.k_norm(k)
-            q = _rotate(q.float(), cos, sin).to(cache_dtype).transpose(1, 2)
-            k = _rotate(k.float(), cos, sin).to(cache_dtype).transpose(1, 2)
-            v = v.to(cache_dtype).transpose(1, 2)
+            q, k = (rotate(x, cos, sin, token_positions, cache_dtype)
+                    .view(rows, width, -1, self.head_dim).transpose(1, 2) for x in (q, k))
+            v = v.to(cache_dtype).reshape(rows, width, self.kv_heads, self.head_dim) \
+                .transpose(1, 2)
             cache.update(k, v, layer_index)
             attended = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
                                                       scale=self.scaling, enable_gqa=True)
@@ -326,8 +327,7 @@ class DecodeForward:
                               .to(self.dtype), weights.out, weights.out_bias)
             h = add_rms_norm(residual, update, layer.post_attention_layernorm.weight,
                              self.norm_eps, self.dtype)
-            gate, up = F.linear(h, weights.gate_up).chunk(2, dim=-1)
-            update = F.linear(layer.mlp.act_fn(gate) * up, weights.down)
+            update = F.linear(silu_and_mul(F.linear(h, weights.gate_up)), weights.down)
         last_residual = residual.view(rows, width, -1)[:, -1].contiguous()
         last_update = update.view(rows, width, -1)[:, -1].contiguous()
         return add_rms_norm(last_residual, last_update, inner.norm.weight, self.norm_eps,
