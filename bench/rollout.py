@@ -281,7 +281,6 @@ def step_breakdown(engine: Any, batch: int, repeat: int = 200) -> dict[str, floa
     """Microseconds per call of the decode step's forward graph and of its sampler at
     ``batch`` rows, each run ``repeat`` times back to back (device time from CUDA events,
     and wall time including the host's launches)."""
-
     from reasonctl.rollout.head_sampling import MAX_ROWS as HEAD_SAMPLE_ROWS
     from reasonctl.rollout.head_sampling import head_sample
     from reasonctl.rollout.race_sampling import race_sample
@@ -322,19 +321,12 @@ def main() -> None:
         use_stock_mlp()
     if args.no_chain:
         use_library_matmuls()
-    from reasonctl.rollout import fast_decode
+    from reasonctl.rollout import decode_forward, decode_linear, fast_decode
 
-    if args.no_head_sampling:
-        fast_decode.HEAD_SAMPLING = False
-    if args.no_descriptors:
-        from reasonctl.rollout import decode_linear
-
-        decode_linear.TENSOR_DESCRIPTORS = False
-    if args.no_pdl or args.hf_prefill:
-        from reasonctl.rollout import decode_forward
-
-        decode_forward.PROGRAMMATIC_LAUNCHES = not args.no_pdl
-        decode_forward.DEDICATED_PREFILL = not args.hf_prefill
+    fast_decode.HEAD_SAMPLING = not args.no_head_sampling
+    decode_linear.TENSOR_DESCRIPTORS = not args.no_descriptors
+    decode_forward.PROGRAMMATIC_LAUNCHES = not args.no_pdl
+    decode_forward.DEDICATED_PREFILL = not args.hf_prefill
     if args.sync_every:
         fast_decode.SYNC_EVERY = args.sync_every
     out = Path(args.out)

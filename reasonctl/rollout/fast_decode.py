@@ -372,14 +372,13 @@ class _Run:
         self.fused_sampling = (decoder.fused_kernels and params.temperature > 0
                                and params.top_k <= 0 and params.top_p >= 1.0
                                and kernels_run_on(self.device))
-        # the bookkeeping of each step as one kernel; with the fused sampler it also
-        # advances the sampler's seed, drawn once per call
         # plain sampling with the dedicated step: the output head runs inside the sampler
         # (no logits written)
         self.head_sampling = (self.fused_sampling and HEAD_SAMPLING
                               and decoder.decode_forward is not None
-                              and slots <= HEAD_SAMPLE_ROWS
-                              and kernels_run_on(self.device))
+                              and slots <= HEAD_SAMPLE_ROWS)
+        # the bookkeeping of each step as one kernel; with the fused sampler it also
+        # advances the sampler's seed, drawn once per call
         self.fused_record = decoder.fused_kernels and kernels_run_on(self.device)
         self.seed = torch.randint(0, 2**62, (1,), device=self.device, generator=generator) \
             if self.fused_sampling and self.fused_record else None
