@@ -4,8 +4,9 @@ Both sample from the same random Qwen2.5-shaped model (bf16 weights, the ``singl
 backend's module, which the ``hf`` engine shares as it does in GRPO) on the same random
 prompts: ``--prompts`` prompts of ``--prompt-len`` tokens, ``--new-tokens`` new tokens
 each, temperature 1, no top-k/top-p. Each side runs once untimed (warm-up: compilation,
-graph capture) and once timed; tokens/s counts generated tokens (up to and including an
-end token) over wall time.
+graph capture), then the engine ``--repeats`` times (its figure is the median rollout's)
+and ``generate`` once; tokens/s counts generated tokens (up to and including an end
+token) over wall time.
 
 Also reported:
 
@@ -98,6 +99,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sync-every", type=int, default=0,
                         help="Decode steps between host synchronisations (the engine's "
                         "SYNC_EVERY; 0 keeps its value).")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="Timed rollouts of the engine (seeds 1, 2, ...); tokens/s is "
+                        "that of the median rollout, every run's figure is listed too.")
     parser.add_argument("--skip-generate", action="store_true",
                         help="Skip the sampled transformers baseline (slow).")
     parser.add_argument("--out", default="/tmp/reasonctl-bench")
@@ -349,8 +353,12 @@ def main() -> None:
     engine_generate(engine, prompts, sampling(args.new_tokens, temperature=1.0, seed=0))
     summary["reasonctl_warmup_s"] = now() - warm_started
     log(f"warm-up: {summary['reasonctl_warmup_s']:.1f} s")
-    completions, seconds = engine_generate(engine, prompts,
-                                           sampling(args.new_tokens, temperature=1.0, seed=1))
+    runs = []
+    for repeat in range(max(1, args.repeats)):
+        completions, seconds = engine_generate(
+            engine, prompts, sampling(args.new_tokens, temperature=1.0, seed=1 + repeat))
+        runs.append((seconds, completions))
+    seconds, completions = sorted(runs, key=lambda run: run[0])[len(runs) // 2]
     tokens = sum(len(c.token_ids) for c in completions)
     decoder = getattr(engine, "static_decoder", None)
     step = getattr(decoder, "decode_forward", None)
@@ -366,10 +374,14 @@ def main() -> None:
                             "max_autotune": args.max_autotune,
                             "tokens": tokens, "seconds": seconds,
                             "tokens_per_s": tokens / seconds,
+                            "runs_tokens_per_s": [
+                                sum(len(c.token_ids) for c in run) / run_seconds
+                                for run_seconds, run in runs],
                             "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9
                             if torch.cuda.is_available() else 0.0}
     log(f"reasonctl ({engine.last_stats.decode} decode): {tokens} tokens in {seconds:.2f} s "
-        f"= {tokens / seconds:.0f} tok/s")
+        f"= {tokens / seconds:.0f} tok/s (median of {len(runs)} rollouts: "
+        f"{', '.join(f'{r:.0f}' for r in summary['reasonctl']['runs_tokens_per_s'])})")
     if args.profile:
         profile(engine, prompts)
     if args.breakdown:

@@ -166,3 +166,33 @@ def test_descriptor_loads_equal_per_thread_loads_on_the_gpu() -> None:
         exact = (x.float() @ weight.float().T)
         summed = pointers.float().sum(0) if pointers.dim() == 3 else pointers.float()
         torch.testing.assert_close(summed, exact, atol=2e-2, rtol=2e-2)
+
+
+def test_head_sampling_with_the_hardware_logarithm(monkeypatch: pytest.MonkeyPatch) -> None:
+    from reasonctl.rollout import head_sampling
+
+    generator = torch.Generator().manual_seed(3)
+    hidden = torch.randn(64, 256, generator=generator).bfloat16().cuda()
+    weight = (torch.randn(1000, 256, generator=generator) * 0.1).bfloat16().cuda()
+    seeds = [torch.tensor([s], device="cuda") for s in range(20)]
+    fast = torch.stack([head_sampling.head_sample(hidden, weight, 1.0, s)[0] for s in seeds])
+    monkeypatch.setattr(head_sampling, "FAST_LOGARITHM", False)
+    exact = torch.stack([head_sampling.head_sample(hidden, weight, 1.0, s)[0] for s in seeds])
+    # the noise differs by about 2^-22 relative: only near-ties could be drawn differently
+    assert (fast != exact).sum() <= 1
+    monkeypatch.setattr(head_sampling, "FAST_LOGARITHM", True)
+    # six likely entries over three tiles: draws follow the softmax
+    likely = torch.tensor([0, 63, 64, 100, 128, 129])
+    probs = torch.tensor([0.05, 0.4, 0.1, 0.25, 0.15, 0.05])
+    table = torch.full((130, 16), -1e4)
+    table[:, 1:] = 0
+    table[likely, 0] = probs.log()
+    ones = torch.zeros(64, 16)
+    ones[:, 0] = 1
+    tokens = torch.cat([head_sampling.head_sample(ones.cuda(), table.cuda(), 1.0,
+                                                  torch.tensor([99 + i], device="cuda"))[0]
+                        for i in range(50)]).cpu()
+    assert set(tokens.tolist()) <= set(likely.tolist())
+    counts = torch.tensor([(tokens == entry).sum() for entry in likely]).float()
+    expected = probs * tokens.numel()
+    assert float(((counts - expected) ** 2 / expected).sum()) < 20.5  # 5 dof, p < 0.001

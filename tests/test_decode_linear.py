@@ -72,6 +72,25 @@ def test_bfloat16_product_is_rounded_once_from_float32(descriptors: bool) -> Non
     torch.testing.assert_close(got.float(), exact, atol=1e-6, rtol=2 ** -7)
 
 
+@pytest.mark.parametrize(("depth", "tiles", "splits", "bias"), [
+    (300, LinearTiles(16, 256, preload=True), 2, False),  # split, ragged reduction
+    (128, LinearTiles(64, 128, preload=True), 1, True),   # whole, one tile past the columns
+])
+def test_a_preloaded_share_gives_the_product(depth: int, tiles: LinearTiles, splits: int,
+                                             bias: bool) -> None:
+    x = _random(5, depth, seed=11)
+    weight = _random(40, depth, seed=12) / depth ** 0.5
+    b = _random(40, seed=13) if bias else None
+    got = skinny_linear(x, weight, b, tiles)
+    expected = skinny_linear_reference(x, weight, b)
+    assert got.shape == ((splits, 5, 40) if splits > 1 else (5, 40))
+    torch.testing.assert_close(got.sum(dim=0) if splits > 1 else got, expected, atol=1e-5,
+                               rtol=1e-5)
+    # the same partials as the reduction loop
+    looped = skinny_linear(x, weight, b, LinearTiles(tiles.block_n, tiles.k_split))
+    torch.testing.assert_close(got, looped, atol=1e-6, rtol=1e-6)
+
+
 def test_descriptor_loads_give_the_per_thread_loads_result_bit_for_bit() -> None:
     # a strided x (rows of a wider buffer) and ragged edges in every dimension
     x = _random(6, 400, seed=9)[:, :392]
@@ -95,7 +114,7 @@ def test_descriptors_are_chosen_only_where_compiled_kernels_have_them(
     assert not uses_descriptors(x, weight)
 
 
-def test_tiles_for_a_qwen25_half_billion_shape() -> None:
+def test_tiles_for_a_qwen25_half_billion_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     processors = 132
     unsplit = choose_linear_tiles(1152, 896, processors, may_split=False)
     assert (unsplit.block_n, unsplit.splits(896)) == (16, 1)
@@ -103,6 +122,10 @@ def test_tiles_for_a_qwen25_half_billion_shape() -> None:
     qkv = choose_qkv_tiles(1152, 896, processors)
     assert (qkv.block_n, qkv.k_split, qkv.splits(896)) == (64, 256, 4)
     assert -(-1152 // 64) * qkv.splits(896) == 72
+    assert qkv.preload  # 64 x 256 shares are loaded before the wait
+    assert not choose_qkv_tiles(2048, 1536, processors).preload  # 1.5B: 64 x 768 shares
+    monkeypatch.setattr(decode_linear, "PRELOAD_QKV", False)
+    assert not choose_qkv_tiles(1152, 896, processors).preload
     assert choose_qkv_tiles(1152, 896, 1).splits(896) == 1  # one processor: no split
     out = choose_linear_tiles(896, 896, processors, may_split=True)
     assert (out.block_n, out.k_split, out.splits(896)) == (16, 512, 2)
@@ -126,3 +149,6 @@ def test_bad_input_names_every_problem() -> None:
                       LinearTiles(16, 128))
     with pytest.raises(ValueError, match=r"x must be \[M, K\]"):
         skinny_linear(torch.zeros(2, 8), torch.zeros(16, 9), None, LinearTiles(16, 128))
+    with pytest.raises(ValueError, match="a preloaded share must be"):
+        skinny_linear(torch.zeros(2, 512), torch.zeros(64, 512), None,
+                      LinearTiles(64, 512, preload=True))

@@ -40,6 +40,11 @@ from reasonctl.rollout.triton_support import (
 MAX_ROWS = 64
 """The most rows :func:`skinny_linear` takes: every program holds all rows' accumulators."""
 BLOCK_K = 128
+PRELOAD_ELEMENTS = 64 * 256
+"""The largest weight share a program loads whole before it waits (held in registers)."""
+PRELOAD_QKV = True
+"""The QKV matmul preloads its weight shares where they are small enough (False: the
+reduction loop, e.g. to measure what preloading saves)."""
 TENSOR_DESCRIPTORS = True
 """Operands are read through tensor descriptors where :func:`uses_descriptors` allows
 (False: per-thread loads everywhere, e.g. to measure what descriptors save)."""
@@ -55,10 +60,19 @@ class LinearTiles:
     k_split: int
     num_warps: int = 4
     num_stages: int = 4
+    preload: bool = False
+    """Each program loads its whole weight share (``block_n`` x ``k_split``, at most
+    :data:`PRELOAD_ELEMENTS`) before waiting for the previous kernel, then multiplies it
+    in one step: the weights' trip from memory overlaps that kernel."""
 
     def splits(self, depth: int) -> int:
         """Programs sharing each column tile's reduction of length ``depth``."""
         return -(-depth // self.k_split)
+
+    @property
+    def block_k(self) -> int:
+        """Reduction elements per step of a program's loop (one step when preloading)."""
+        return self.k_split if self.preload else BLOCK_K
 
 
 def choose_linear_tiles(columns: int, depth: int, processors: int, *,
@@ -82,11 +96,13 @@ def choose_qkv_tiles(columns: int, depth: int, processors: int) -> LinearTiles:
     all of it, so the programs together read the input from L2 about 4x less often. At
     64 rows of a Qwen2.5-0.5B-shaped model on an H100 (64 columns, 256-element shares,
     72 programs) the decode step's forward pass took 827-832 µs against 844-845 µs with
-    16-column unsplit tiles."""
+    16-column unsplit tiles. Where a program's share is at most :data:`PRELOAD_ELEMENTS`
+    it is preloaded (there: 808-813 µs against 819-821 µs at position 384)."""
     tiles = _ceil_div(columns, 64)
     splits = max(1, round(processors / (2 * tiles)))
-    return LinearTiles(block_n=64,
-                       k_split=_ceil_div(_ceil_div(depth, splits), BLOCK_K) * BLOCK_K)
+    k_split = _ceil_div(_ceil_div(depth, splits), BLOCK_K) * BLOCK_K
+    return LinearTiles(block_n=64, k_split=k_split,
+                       preload=PRELOAD_QKV and 64 * k_split <= PRELOAD_ELEMENTS)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -115,6 +131,10 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                         f"{tiles.k_split}")
     if bias is not None and weight.dim() == 2 and tiles.splits(weight.shape[1]) > 1:
         problems.append("a split product has no bias (add it where the partials are summed)")
+    if tiles.preload and (tiles.block_n * tiles.k_split > PRELOAD_ELEMENTS
+                          or tiles.k_split & (tiles.k_split - 1)):
+        problems.append(f"a preloaded share must be a power of two long and at most "
+                        f"{PRELOAD_ELEMENTS} elements, got {tiles.block_n} x {tiles.k_split}")
     if problems:
         raise ValueError("skinny_linear: " + "; ".join(problems))
 
@@ -150,7 +170,9 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if rows == 0:
         return out.zero_()
     block_m = max(16, next_power_of_two(rows))
-    if descriptors is None:
+    if tiles.preload:  # one load per operand: per-thread loads
+        descriptors = False
+    elif descriptors is None:
         descriptors = uses_descriptors(x, weight)
     x_source, w_source = x, weight
     if descriptors:
@@ -161,10 +183,11 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     launch = {"launch_pdl": True} if pdl else {}
     _kernels()[(-(-columns // tiles.block_n), splits)](
         x_source, w_source, weight if bias is None else bias, out, rows, columns, depth,
-        x.stride(0), BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=BLOCK_K,
+        x.stride(0), BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         K_SPLIT=tiles.k_split, HAS_BIAS=bias is not None, PARTIAL=splits > 1,
         UPCAST=x.dtype == torch.float32 or interpreting(), PDL=pdl, DESCRIPTORS=descriptors,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **launch,
+        PRELOAD=tiles.preload, num_warps=tiles.num_warps,
+        num_stages=1 if tiles.preload else tiles.num_stages, **launch,
     )
     return out
 
@@ -185,7 +208,8 @@ def _kernels() -> Any:
     def skinny(x_source, w_source, b_ptr, out_ptr, rows, columns, depth, x_stride,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                K_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
-               UPCAST: tl.constexpr, PDL: tl.constexpr, DESCRIPTORS: tl.constexpr):
+               UPCAST: tl.constexpr, PDL: tl.constexpr, DESCRIPTORS: tl.constexpr,
+               PRELOAD: tl.constexpr):
         # x_source / w_source: tensor descriptors with DESCRIPTORS, else pointers
         tile = tl.program_id(0)
         split = tl.program_id(1)
@@ -195,6 +219,10 @@ def _kernels() -> Any:
         column_ok = column < columns
         start = split * K_SPLIT
         step = tl.arange(0, BLOCK_K)
+        if PRELOAD:  # one step over the whole share, whose weights (no earlier kernel's
+            k = start + step  # output) are loaded before the wait
+            preloaded = tl.load(w_source + column.to(tl.int64)[:, None] * depth + k[None, :],
+                                mask=column_ok[:, None] & (k < depth)[None, :], other=0.0)
         if PDL:  # x is the previous kernel's output
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -206,8 +234,11 @@ def _kernels() -> Any:
             else:
                 k = start + offset + step
                 k_ok = k < depth
-                w = tl.load(w_source + column.to(tl.int64)[:, None] * depth + k[None, :],
-                            mask=column_ok[:, None] & k_ok[None, :], other=0.0)
+                if PRELOAD:
+                    w = preloaded
+                else:
+                    w = tl.load(w_source + column.to(tl.int64)[:, None] * depth + k[None, :],
+                                mask=column_ok[:, None] & k_ok[None, :], other=0.0)
                 xs = tl.load(x_source + row[:, None] * x_stride + k[None, :],
                              mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             if UPCAST:
