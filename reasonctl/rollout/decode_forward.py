@@ -201,19 +201,28 @@ class DecodeForward:
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """Copy the model's current weights into the compute-dtype buffers, in place."""
+        """Copy the model's current weights into the compute-dtype buffers, in place: one
+        batched copy (``torch._foreach_copy_``) of every weight that has a buffer of its
+        own, since a rollout starts with this and ~200 separate copies would each cost a
+        launch."""
+        targets: list[torch.Tensor] = []
+        sources: list[torch.Tensor] = []
         for layer, weights in zip(self.model.model.layers, self.layers, strict=True):
             attention, mlp = layer.self_attn, layer.mlp
             projections = (attention.q_proj, attention.k_proj, attention.v_proj)
-            _copy_rows(weights.qkv, [p.weight for p in projections])
+            _pair_rows(targets, sources, weights.qkv, [p.weight for p in projections])
             if weights.qkv_bias is not None:
-                _copy_rows(weights.qkv_bias, [p.bias for p in projections])
-            _copy_rows(weights.gate_up, [mlp.gate_proj.weight, mlp.up_proj.weight])
-            _copy_if_distinct(weights.out, attention.o_proj.weight)
+                _pair_rows(targets, sources, weights.qkv_bias, [p.bias for p in projections])
+            _pair_rows(targets, sources, weights.gate_up,
+                       [mlp.gate_proj.weight, mlp.up_proj.weight])
+            _pair_if_distinct(targets, sources, weights.out, attention.o_proj.weight)
             if weights.out_bias is not None:
-                _copy_if_distinct(weights.out_bias, attention.o_proj.bias)
-            _copy_if_distinct(weights.down, mlp.down_proj.weight)
-        _copy_if_distinct(self.lm_head, self.model.get_output_embeddings().weight)
+                _pair_if_distinct(targets, sources, weights.out_bias, attention.o_proj.bias)
+            _pair_if_distinct(targets, sources, weights.down, mlp.down_proj.weight)
+        _pair_if_distinct(targets, sources, self.lm_head,
+                          self.model.get_output_embeddings().weight)
+        if targets:
+            torch._foreach_copy_(targets, [s.detach() for s in sources])
 
     # --- the step -------------------------------------------------------------------------
 
@@ -444,13 +453,19 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
-def _copy_rows(target: torch.Tensor, sources: list[torch.Tensor]) -> None:
+def _pair_rows(targets: list[torch.Tensor], sources: list[torch.Tensor],
+               target: torch.Tensor, parts: list[torch.Tensor]) -> None:
+    """Pair consecutive row blocks of ``target`` with ``parts`` (a concatenated copy)."""
     start = 0
-    for source in sources:
-        target[start : start + source.shape[0]].copy_(source)
-        start += source.shape[0]
+    for part in parts:
+        targets.append(target[start : start + part.shape[0]])
+        sources.append(part)
+        start += part.shape[0]
 
 
-def _copy_if_distinct(target: torch.Tensor, source: torch.Tensor) -> None:
+def _pair_if_distinct(targets: list[torch.Tensor], sources: list[torch.Tensor],
+                      target: torch.Tensor, source: torch.Tensor) -> None:
+    """Pair ``target`` with ``source`` unless it is ``source`` itself."""
     if target.data_ptr() != source.data_ptr():
-        target.copy_(source)
+        targets.append(target)
+        sources.append(source)
