@@ -8,7 +8,11 @@ import torch
 
 pytest.importorskip("triton")
 
-from reasonctl.rollout.decode_norm import add_rms_norm, add_rms_norm_reference
+from reasonctl.rollout.decode_norm import (
+    add_rms_norm,
+    add_rms_norm_reference,
+    embed_rms_norm,
+)
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
@@ -60,6 +64,28 @@ def test_float32_residual_with_bfloat16_output_rounds_the_update_first() -> None
     partials = torch.stack([torch.ones(1, 32), torch.full((1, 32), 2.0 ** -10)])
     add_rms_norm(residual, partials, weight, 1e-6, torch.bfloat16)
     assert torch.equal(residual, torch.ones(1, 32))
+
+
+def test_embedding_rows_start_the_residual_and_are_normalised() -> None:
+    table = _random(30, 40, seed=9)
+    ids = torch.tensor([4, 0, 29, 4])
+    weight = _random(40, seed=10)
+    residual, normed = embed_rms_norm(ids, table, weight, 1e-6, torch.float32)
+    assert torch.equal(residual, table[ids])
+    expected = add_rms_norm_reference(table[ids].clone(), None, weight, 1e-6, torch.float32)
+    torch.testing.assert_close(normed, expected, atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="ids must be"):
+        embed_rms_norm(ids.view(2, 2), table, weight, 1e-6, torch.float32)
+
+
+def test_the_result_goes_into_a_given_tensor() -> None:
+    residual, update, weight = _random(3, 16, seed=11), _random(3, 16, seed=12), _random(16)
+    expected = add_rms_norm_reference(residual.clone(), update, weight, 1e-6, torch.float32)
+    out = torch.full((3, 16), float("nan"))
+    assert add_rms_norm(residual, update, weight, 1e-6, torch.float32, out=out) is out
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="out must be"):
+        add_rms_norm(residual, None, weight, 1e-6, torch.float32, out=torch.empty(3, 8))
 
 
 def test_bad_input_names_every_problem() -> None:

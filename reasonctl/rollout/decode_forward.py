@@ -60,7 +60,7 @@ from reasonctl.rollout.decode_linear import (
     skinny_linear,
 )
 from reasonctl.rollout.decode_mlp import choose_tiles, gated_silu
-from reasonctl.rollout.decode_norm import MAX_HIDDEN, add_rms_norm
+from reasonctl.rollout.decode_norm import MAX_HIDDEN, add_rms_norm, embed_rms_norm
 from reasonctl.rollout.prefill_kernels import rotate, silu_and_mul
 from reasonctl.rollout.slot_cache import SlotKVCache
 from reasonctl.rollout.triton_support import kernels_run_on, supports_pdl
@@ -245,33 +245,43 @@ class DecodeForward:
         torch.mm(hidden, self.lm_head.t(), out=out)
 
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache,
-               allowed: torch.Tensor | None) -> torch.Tensor:
+               allowed: torch.Tensor | None, out: torch.Tensor | None = None
+               ) -> torch.Tensor:
         """The final-normalised hidden states ``[B, hidden]`` (compute dtype) from which
-        :meth:`__call__` takes the logits; arguments as there. The kernel chain computes
-        them where it runs, else :meth:`stock_hidden` (compiled after
-        :meth:`compile_stock`)."""
+        :meth:`__call__` takes the logits; arguments as there, and ``out`` (contiguous,
+        that shape and dtype) to write them into. The kernel chain computes them where it
+        runs, else :meth:`stock_hidden` (compiled after :meth:`compile_stock`)."""
         if self.chain and input_ids.shape[0] <= CHAIN_ROWS:
-            return self.chain_hidden(input_ids, positions, cache)
-        return self._stock(input_ids, positions, cache, allowed)
+            return self.chain_hidden(input_ids, positions, cache, out=out)
+        hidden = self._stock(input_ids, positions, cache, allowed)
+        if out is None:
+            return hidden
+        out.copy_(hidden)
+        return out
 
     def chain_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                     cache: SlotKVCache) -> torch.Tensor:
+                     cache: SlotKVCache, out: torch.Tensor | None = None) -> torch.Tensor:
         """:meth:`hidden` as the kernel chain (needs :attr:`chain`, at most
-        :data:`CHAIN_ROWS` rows): per layer, residual add and RMSNorm, the QKV matmul,
-        attention (which sums the QKV matmul's split products and adds its bias), the
-        output projection (its reduction split, summed by the next norm),
-        residual add and RMSNorm, the gated MLP's gate/up, and the down projection."""
+        :data:`CHAIN_ROWS` rows): the embedding lookup with the first norm, then per
+        layer the QKV matmul, attention (which sums the QKV matmul's split products and
+        adds its bias), the output projection (its reduction split, summed by the next
+        norm), residual add and RMSNorm, the gated MLP's gate/up, the down projection and
+        the next residual add and RMSNorm."""
         inner = self.model.model
-        residual = inner.embed_tokens(input_ids)
+        pdl = self.pdl
+        layers = inner.layers
+        if type(inner.embed_tokens) is torch.nn.Embedding:
+            residual, h = embed_rms_norm(input_ids, inner.embed_tokens.weight,
+                                         layers[0].input_layernorm.weight, self.norm_eps,
+                                         self.dtype, pdl=pdl)
+        else:  # a wrapped embedding: its own forward
+            residual = inner.embed_tokens(input_ids)
+            h = add_rms_norm(residual, None, layers[0].input_layernorm.weight, self.norm_eps,
+                             self.dtype, pdl=pdl)
         cos, sin = self._rotary_tables(cache.max_len, residual.dtype, residual.device)
         splits = default_splits(cache.slots, self.kv_heads, cache.max_len, self.processors)
-        pdl = self.pdl
         split_qkv = self.qkv_tiles.splits(self.layers[0].qkv.shape[1]) > 1
-        update = None
-        for layer_index, (layer, weights) in enumerate(
-                zip(inner.layers, self.layers, strict=True)):
-            h = add_rms_norm(residual, update, layer.input_layernorm.weight, self.norm_eps,
-                             self.dtype, pdl=pdl)
+        for layer_index, (layer, weights) in enumerate(zip(layers, self.layers, strict=True)):
             qkv = skinny_linear(h, weights.qkv, None if split_qkv else weights.qkv_bias,
                                 self.qkv_tiles, pdl=pdl)
             attended = self._attention(layer.self_attn, qkv, cos, sin, None, positions,
@@ -284,8 +294,11 @@ class DecodeForward:
                              self.norm_eps, self.dtype, pdl=pdl)
             activated = gated_silu(h, weights.gate_up, self.mlp_tiles, pdl=pdl)
             update = skinny_linear(activated, weights.down, None, self.down_tiles, pdl=pdl)
-        return add_rms_norm(residual, update, inner.norm.weight, self.norm_eps, self.dtype,
-                            pdl=pdl)
+            last = layer_index == len(layers) - 1
+            norm = inner.norm if last else layers[layer_index + 1].input_layernorm
+            h = add_rms_norm(residual, update, norm.weight, self.norm_eps, self.dtype,
+                             pdl=pdl, out=out if last else None)
+        return h
 
     @property
     def prefills(self) -> bool:

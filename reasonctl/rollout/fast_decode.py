@@ -245,13 +245,15 @@ class StaticDecoder:
             allowed = (buffers.key_index.view(1, -1) <= positions.view(-1, 1)).view(
                 batch, 1, 1, -1)
         if step is not None:
-            hidden = self._decode_step(buffers.input_ids[:batch], positions, self.cache, allowed)
             if head:
+                hidden = self._decode_step(buffers.input_ids[:batch], positions, self.cache,
+                                           allowed)
                 # the output head writes straight into the logits buffer (copying 64 rows
                 # of a 152k vocabulary would cost as much as a layer's matmul)
                 step.logits_into(hidden, buffers.logits[:batch])
-            else:
-                buffers.hidden[:batch].copy_(hidden)
+            else:  # the last norm writes the hidden states' buffer
+                self._decode_step(buffers.input_ids[:batch], positions, self.cache, allowed,
+                                  out=buffers.hidden[:batch])
             return
         assert head, "only the dedicated decode step leaves the output head out"
         self.cache.prepare_decode(positions)

@@ -47,7 +47,9 @@ class SlotKVCache:
         Row ``source_rows[i]`` of the forward's batch goes into slot ``slots[i]`` (a
         prompt sampled ``n`` times fills ``n`` slots); ``positions`` (``[rows, tokens]``)
         is where each token of a row is stored. The layers attend only to the prompt's
-        own keys, so the slots' earlier contents are replaced.
+        own keys. A slot's later positions keep an earlier sequence's (finite) entries
+        until decode steps overwrite them; until then the fused attention does not read
+        them and the library attention masks them out (zero weight).
         """
         self._prefill = (slots, source_rows, positions)
 
@@ -91,13 +93,11 @@ class SlotKVCache:
                        layer_idx: int) -> None:
         assert self._prefill is not None
         slots, source_rows, positions = self._prefill
-        rows, heads, tokens, dim = (len(source_rows), key_states.shape[1],
-                                    key_states.shape[2], key_states.shape[3])
-        index = positions.index_select(0, source_rows).view(rows, 1, tokens, 1).expand(
-            rows, heads, tokens, dim)
+        rows, tokens = len(source_rows), key_states.shape[2]
+        at_slot = slots.view(rows, 1).expand(rows, tokens)
+        at_position = positions.index_select(0, source_rows)
         for cache, new in ((self.keys[layer_idx], key_states),
                            (self.values[layer_idx], value_states)):
-            filled = torch.zeros((rows, *cache.shape[1:]), dtype=cache.dtype,
-                                 device=cache.device)
-            filled.scatter_(2, index, new.index_select(0, source_rows).to(cache.dtype))
-            cache.index_copy_(0, slots, filled)
+            # one indexed store per tensor: [rows, tokens, heads, dim] into the slots
+            cache[at_slot, :, at_position] = new.index_select(0, source_rows).transpose(
+                1, 2).to(cache.dtype)
