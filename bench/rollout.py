@@ -358,7 +358,10 @@ def main() -> None:
         completions, seconds = engine_generate(
             engine, prompts, sampling(args.new_tokens, temperature=1.0, seed=1 + repeat))
         runs.append((seconds, completions))
-    seconds, completions = sorted(runs, key=lambda run: run[0])[len(runs) // 2]
+    def rate(run: tuple[float, list[Any]]) -> float:
+        return sum(len(c.token_ids) for c in run[1]) / run[0]
+
+    seconds, completions = sorted(runs, key=rate)[len(runs) // 2]  # the median rate
     tokens = sum(len(c.token_ids) for c in completions)
     decoder = getattr(engine, "static_decoder", None)
     step = getattr(decoder, "decode_forward", None)
@@ -374,9 +377,7 @@ def main() -> None:
                             "max_autotune": args.max_autotune,
                             "tokens": tokens, "seconds": seconds,
                             "tokens_per_s": tokens / seconds,
-                            "runs_tokens_per_s": [
-                                sum(len(c.token_ids) for c in run) / run_seconds
-                                for run_seconds, run in runs],
+                            "runs_tokens_per_s": [rate(run) for run in runs],
                             "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9
                             if torch.cuda.is_available() else 0.0}
     log(f"reasonctl ({engine.last_stats.decode} decode): {tokens} tokens in {seconds:.2f} s "

@@ -63,6 +63,23 @@ def test_fused_kernels_without_the_chain_equal_the_full_forward_pass(
 
 
 @pytest.mark.usefixtures("triton_interpreter")
+def test_chain_with_an_embedding_of_its_own_kind_equals_the_full_forward_pass() -> None:
+    """An embedding module other than a plain ``nn.Embedding`` runs its own forward
+    before the first norm kernel (a plain one is looked up inside that kernel)."""
+    pytest.importorskip("triton")
+
+    class OwnEmbedding(torch.nn.Embedding):
+        pass
+
+    model = _model("qwen2")
+    inner = model.model
+    own = OwnEmbedding(*inner.embed_tokens.weight.shape)
+    own.weight = inner.embed_tokens.weight  # still tied to the output head
+    inner.embed_tokens = own
+    _check_decode_step("qwen2", fused=True, model=model)
+
+
+@pytest.mark.usefixtures("triton_interpreter")
 def test_chain_with_a_split_qkv_matmul_equals_the_full_forward_pass() -> None:
     """The QKV matmul's reduction split in two: attention sums the partial products and
     adds the projection's bias."""

@@ -22,11 +22,12 @@ engine repeats hundreds of times: one new token per slot of a
   and the SiLU activation run as one kernel (:mod:`reasonctl.rollout.decode_mlp`).
 - With ``fused_kernels`` where every fused kernel runs (at most :data:`CHAIN_ROWS` rows),
   the whole step is a chain of this project's kernels: residual add and RMSNorm
-  (:mod:`~reasonctl.rollout.decode_norm`), the skinny matmuls
-  (:mod:`~reasonctl.rollout.decode_linear`), attention and the gated MLP. On GPUs that
-  have it (compute capability 9.0 and newer) each is a programmatic dependent launch, so
-  a kernel starts while the previous one finishes. Only the embedding, the rotary table
-  and the output head remain library operations; there is nothing left to compile.
+  (:mod:`~reasonctl.rollout.decode_norm`; the first also looks up the embedding rows of
+  a plain ``nn.Embedding``), the skinny matmuls (:mod:`~reasonctl.rollout.decode_linear`),
+  attention and the gated MLP. On GPUs that have it (compute capability 9.0 and newer)
+  each is a programmatic dependent launch, so a kernel starts while the previous one
+  finishes. Only the rotary table and the output head remain library operations; there
+  is nothing left to compile.
 - Where the chain runs, :meth:`DecodeForward.prefill_hidden` also runs the prompts'
   prefill with the same weights: one matmul each for QKV and gate/up, the chain's
   residual add + RMSNorm kernel, one kernel each for the rotary embedding and the
@@ -270,12 +271,14 @@ class DecodeForward:
         inner = self.model.model
         pdl = self.pdl
         layers = inner.layers
-        if type(inner.embed_tokens) is torch.nn.Embedding:
-            residual, h = embed_rms_norm(input_ids, inner.embed_tokens.weight,
+        embedding = inner.embed_tokens
+        if (type(embedding) is torch.nn.Embedding and embedding.max_norm is None
+                and embedding.weight.is_contiguous()):
+            residual, h = embed_rms_norm(input_ids, embedding.weight,
                                          layers[0].input_layernorm.weight, self.norm_eps,
                                          self.dtype, pdl=pdl)
-        else:  # a wrapped embedding: its own forward
-            residual = inner.embed_tokens(input_ids)
+        else:  # a wrapped or renormalising embedding: its own forward
+            residual = embedding(input_ids)
             h = add_rms_norm(residual, None, layers[0].input_layernorm.weight, self.norm_eps,
                              self.dtype, pdl=pdl)
         cos, sin = self._rotary_tables(cache.max_len, residual.dtype, residual.device)

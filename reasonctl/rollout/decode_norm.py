@@ -2,9 +2,10 @@
 
 :func:`add_rms_norm` adds a matmul's output to the residual stream (in place) and returns
 the RMS-normalised result for the next matmul; :func:`embed_rms_norm` starts the residual
-stream from embedding rows and normalises it for the first layer. The matmul's output may be float32
-partial sums of a split reduction (:mod:`reasonctl.rollout.decode_linear`); they are
-summed here and rounded to the matmul dtype, as a single matmul would have rounded them.
+stream from embedding rows and normalises it for the first layer. The matmul's output
+may be float32 partial sums of a split reduction (:mod:`reasonctl.rollout.decode_linear`);
+they are summed here and rounded to the matmul dtype, as a single matmul would have
+rounded them.
 Rounding follows the Hugging Face Llama/Qwen RMSNorm: normalise in float32, round to the
 residual's dtype, multiply by the weight, round to the output dtype.
 
