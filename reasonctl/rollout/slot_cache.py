@@ -51,7 +51,10 @@ class SlotKVCache:
         until decode steps overwrite them; until then the fused attention does not read
         them and the library attention masks them out (zero weight).
         """
-        self._prefill = (slots, source_rows, positions)
+        # where every stored token goes, worked out once for all layers: [rows, tokens]
+        at_position = positions.index_select(0, source_rows)
+        at_slot = slots.view(-1, 1).expand_as(at_position)
+        self._prefill = (at_slot, at_position, source_rows)
 
     def prepare_decode(self, positions: torch.Tensor) -> None:
         """The next forward passes decode one token for each of the first ``len(positions)``
@@ -92,10 +95,7 @@ class SlotKVCache:
     def _store_prefill(self, key_states: torch.Tensor, value_states: torch.Tensor,
                        layer_idx: int) -> None:
         assert self._prefill is not None
-        slots, source_rows, positions = self._prefill
-        rows, tokens = len(source_rows), key_states.shape[2]
-        at_slot = slots.view(rows, 1).expand(rows, tokens)
-        at_position = positions.index_select(0, source_rows)
+        at_slot, at_position, source_rows = self._prefill
         for cache, new in ((self.keys[layer_idx], key_states),
                            (self.values[layer_idx], value_states)):
             # one indexed store per tensor: [rows, tokens, heads, dim] into the slots
