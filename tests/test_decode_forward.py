@@ -269,3 +269,20 @@ def test_engine_greedy_equals_generate_for_each_family(kind: str, extra: dict[st
         reference = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
                                    eos_token_id=96, pad_token_id=0)
         assert group[0].token_ids == reference[0, len(prompt) :].tolist()
+
+
+def test_prefill_store_without_source_rows_takes_rows_in_order() -> None:
+    keys = torch.randn(3, 2, 4, 8)  # [rows, kv_heads, tokens, head_dim]
+    values = torch.randn(3, 2, 4, 8)
+    slots = torch.tensor([2, 0, 3])
+    store_at = torch.tensor([[0, 1, 2, 3], [7, 0, 1, 2], [7, 7, 0, 1]])
+    caches = [SlotKVCache(layers=1, slots=4, kv_heads=2, max_len=8, head_dim=8,
+                          dtype=torch.float32, device=torch.device("cpu")) for _ in range(2)]
+    caches[0].prepare_prefill(slots, None, store_at)
+    caches[1].prepare_prefill(slots, torch.arange(3), store_at)
+    for cache in caches:
+        cache.update(keys, values, 0)
+    assert torch.equal(caches[0].keys[0], caches[1].keys[0])
+    assert torch.equal(caches[0].values[0], caches[1].values[0])
+    assert torch.equal(caches[0].keys[0][2, :, 1], keys[0, :, 1])  # row 0's second token
+    assert torch.equal(caches[0].values[0][3, :, 0], values[2, :, 2])  # row 2 at position 0

@@ -329,6 +329,9 @@ class DecodeForward:
         cache_dtype = cache.keys[0].dtype
         tokens = rows * width
         q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        # the mask as attention adds it (0 or -inf), made once rather than in every layer
+        bias = torch.zeros(allowed.shape, dtype=cache_dtype, device=allowed.device
+                           ).masked_fill_(~allowed, float("-inf"))
         update = None
         for layer_index, (layer, weights) in enumerate(
                 zip(inner.layers, self.layers, strict=True)):
@@ -346,7 +349,7 @@ class DecodeForward:
             v = v.to(cache_dtype).reshape(rows, width, self.kv_heads, self.head_dim) \
                 .transpose(1, 2)
             cache.update(k, v, layer_index)
-            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
                                                       scale=self.scaling, enable_gqa=True)
             update = F.linear(attended.transpose(1, 2).reshape(rows * width, q_width)
                               .to(self.dtype), weights.out, weights.out_bias)

@@ -578,19 +578,25 @@ class _Run:
         causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
         diagonal = torch.eye(width, dtype=torch.bool, device=self.device)
         allowed = ((causal & real.view(-1, 1, width)) | diagonal).unsqueeze(1)
-        source_rows = torch.tensor([distinct.index(i) for i in prompt_indices],
-                                   device=self.device)
+        rows = [distinct.index(i) for i in prompt_indices]
+        # None: each prompt fills one slot, in order (no gather needed)
+        source_rows = None if rows == list(range(len(distinct))) else torch.tensor(
+            rows, device=self.device)
         slot_index = torch.tensor(slots, device=self.device)
         self.cache.prepare_prefill(slot_index, source_rows, store_at)
         b = self.buffers
         # what the first step samples from: logits, or hidden states for head sampling
         target = b.hidden if self.head_sampling else b.logits
         last = self.decoder.prefill(ids, positions, allowed, head=not self.head_sampling)
-        target.index_copy_(0, slot_index, last.index_select(0, source_rows).to(target.dtype))
+        if source_rows is not None:
+            last = last.index_select(0, source_rows)
+        target.index_copy_(0, slot_index, last.to(target.dtype))
         # the position of the prompt's last token: each step's bookkeeping moves it on
         # before the forward pass stores the new token there
-        b.positions.index_copy_(0, slot_index,
-                                (lengths - 1).to(self.device).index_select(0, source_rows))
+        last_positions = (lengths - 1).to(self.device)
+        if source_rows is not None:
+            last_positions = last_positions.index_select(0, source_rows)
+        b.positions.index_copy_(0, slot_index, last_positions)
         b.done[slot_index] = False
         b.generated[slot_index] = 0
 

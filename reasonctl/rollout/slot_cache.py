@@ -34,25 +34,27 @@ class SlotKVCache:
         self.max_len = max_len
         self.dtype = dtype
         self._decode_index: torch.Tensor | None = None
-        self._prefill: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._prefill: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
 
     def fits(self, slots: int, max_len: int, dtype: torch.dtype) -> bool:
         """True when this cache can hold ``slots`` sequences of ``max_len`` tokens."""
         return slots <= self.slots and max_len <= self.max_len and dtype == self.dtype
 
-    def prepare_prefill(self, slots: torch.Tensor, source_rows: torch.Tensor,
+    def prepare_prefill(self, slots: torch.Tensor, source_rows: torch.Tensor | None,
                         positions: torch.Tensor) -> None:
         """The next forward pass prefills prompts into ``slots``.
 
         Row ``source_rows[i]`` of the forward's batch goes into slot ``slots[i]`` (a
-        prompt sampled ``n`` times fills ``n`` slots); ``positions`` (``[rows, tokens]``)
-        is where each token of a row is stored. The layers attend only to the prompt's
+        prompt sampled ``n`` times fills ``n`` slots; None: row ``i`` goes into
+        ``slots[i]``); ``positions`` (``[rows, tokens]``) is where each token of a row is
+        stored. The layers attend only to the prompt's
         own keys. A slot's later positions keep an earlier sequence's (finite) entries
         until decode steps overwrite them; until then the fused attention does not read
         them and the library attention masks them out (zero weight).
         """
         # where every stored token goes, worked out once for all layers: [rows, tokens]
-        at_position = positions.index_select(0, source_rows)
+        at_position = positions if source_rows is None else positions.index_select(
+            0, source_rows)
         at_slot = slots.view(-1, 1).expand_as(at_position)
         self._prefill = (at_slot, at_position, source_rows)
 
@@ -99,5 +101,5 @@ class SlotKVCache:
         for cache, new in ((self.keys[layer_idx], key_states),
                            (self.values[layer_idx], value_states)):
             # one indexed store per tensor: [rows, tokens, heads, dim] into the slots
-            cache[at_slot, :, at_position] = new.index_select(0, source_rows).transpose(
-                1, 2).to(cache.dtype)
+            rows = new if source_rows is None else new.index_select(0, source_rows)
+            cache[at_slot, :, at_position] = rows.transpose(1, 2).to(cache.dtype)
