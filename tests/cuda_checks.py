@@ -104,28 +104,6 @@ def test_sampled_logprobs_equal_a_full_forward_pass(head_sampling: bool,
                                            expected.squeeze(1).cpu(), atol=2e-3, rtol=2e-3)
 
 
-def test_window_graphs_decode_what_per_step_launches_decode(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from reasonctl.rollout import fast_decode
-
-    model = _model("qwen2")
-    # more sequences than slots (refills, windows of every length) and windows of full
-    # length; three calls: each window key runs eagerly, is captured, then replayed
-    params = SamplingParams(n=3, temperature=0.8, max_new_tokens=70, seed=11)
-    results = {}
-    for windows in (False, True):
-        monkeypatch.setattr(fast_decode, "WINDOW_GRAPHS", windows)
-        engine = _engine(model)
-        results[windows] = [
-            [[(c.token_ids, c.logprobs) for c in g]
-             for g in engine.generate([{"input_ids": p} for p in PROMPTS], params)]
-            for _ in range(3)]
-        captured = [k for k in engine.static_decoder.graphs.graphs if k[0] == "window"]
-        assert bool(captured) is windows
-    assert results[True] == results[False]
-    assert results[True][0] == results[True][2]  # a seed repeats its draws
-
-
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
 def test_chain_equals_library_matmuls_in_bfloat16(kind: str) -> None:
     from reasonctl.rollout.decode_forward import DecodeForward

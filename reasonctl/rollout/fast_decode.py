@@ -14,8 +14,6 @@ How :meth:`StaticDecoder.generate` runs:
    :mod:`reasonctl.rollout.decode_forward` for the model families it supports, else the
    Hugging Face forward pass; optionally compiled; a CUDA graph per bucket on CUDA
    (:mod:`reasonctl.rollout.cuda_graphs`), eager elsewhere. Nothing is copied to the host.
-   With the one-kernel sampler and bookkeeping, a whole window of steps (below) is one
-   CUDA graph, captured the second time a window of its shape runs.
 3. Every ``SYNC_EVERY`` steps (sooner when a row must have hit its length by then) the
    window is copied to the host in one transfer. Rows take their tokens; stop strings are
    checked there (:mod:`reasonctl.rollout.stopping`) and completions cut exactly as in
@@ -56,10 +54,6 @@ from reasonctl.rollout.stopping import Decode, StopMatcher
 from reasonctl.rollout.triton_support import kernels_run_on
 
 SYNC_EVERY = 16
-WINDOW_GRAPHS = True
-"""With CUDA graphs and the one-kernel sampler and bookkeeping, each full window of
-``SYNC_EVERY`` steps (sampling, bookkeeping and forward passes) is one CUDA graph
-(False: one graph per forward pass, the sampler and bookkeeping launched per step)."""
 HEAD_SAMPLING = True
 """Plain sampling with the dedicated decode step applies the output head inside the
 sampler (:mod:`reasonctl.rollout.head_sampling`) instead of writing logits first."""
@@ -93,10 +87,7 @@ class _Buffers:
     """Device tensors the decode step reads and writes, allocated with the cache."""
 
     def __init__(self, slots: int, max_len: int, vocab: int, hidden: int,
-                 dtype: torch.dtype, device: torch.device, eos_ids: Sequence[int]) -> None:
-        self.eos = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
-        # the fused sampler's seed, advanced on the device by each step's bookkeeping
-        self.seed = torch.zeros(1, dtype=torch.long, device=device)
+                 dtype: torch.dtype, device: torch.device) -> None:
         self.input_ids = torch.zeros(slots, dtype=torch.long, device=device)
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
         self.logits = torch.zeros(slots, vocab, dtype=dtype, device=device)
@@ -341,8 +332,7 @@ class StaticDecoder:
             max_len=max_len, head_dim=head_dim, dtype=dtype, device=device,
         )
         vocab = self.model.get_output_embeddings().weight.shape[0]
-        self.buffers = _Buffers(slots, max_len, vocab, config.hidden_size, dtype, device,
-                                self.eos_token_ids)
+        self.buffers = _Buffers(slots, max_len, vocab, config.hidden_size, dtype, device)
         if self.uses_cuda_graphs:
             self.graphs = DecodeGraphs(self.forward_decode)
 
@@ -376,7 +366,7 @@ class _Run:
         self.slots = slots
         self.generator = generator
         self.device = self.buffers.logits.device
-        self.eos = self.buffers.eos
+        self.eos = torch.tensor(decoder.eos_token_ids, device=self.device)
         self.eos_set = set(decoder.eos_token_ids)
         self.stops = StopMatcher(params.stop, decoder.decode)
         self.pending = deque(range(len(sequences)))
@@ -392,10 +382,8 @@ class _Run:
         # the bookkeeping of each step as one kernel; with the fused sampler it also
         # advances the sampler's seed, drawn once per call
         self.fused_record = decoder.fused_kernels and kernels_run_on(self.device)
-        self.seed: torch.Tensor | None = None
-        if self.fused_sampling and self.fused_record:  # a buffer, so graphs can read it
-            self.seed = self.buffers.seed.copy_(
-                torch.randint(0, 2**62, (1,), device=self.device, generator=generator))
+        self.seed = torch.randint(0, 2**62, (1,), device=self.device, generator=generator) \
+            if self.fused_sampling and self.fused_record else None
         self.occupant: list[int | None] = [None] * slots
         self._next_half = 0  # which half of the window buffers the next window writes
 
@@ -447,23 +435,10 @@ class _Run:
         batch, steps, last_everywhere = plan
         window = _Window(batch, steps, self._next_half)
         self._next_half ^= 1
-
-        def queue_steps() -> None:
-            for col in range(steps):
-                self._sample(window, col)
-                if not (last_everywhere and col == steps - 1):
-                    self._forward(batch)
-
-        graphs = self.decoder.graphs
-        if (graphs is not None and WINDOW_GRAPHS and self.seed is not None
-                and steps == SYNC_EVERY):
-            # everything the window's graph bakes in: sizes, which half of the window
-            # buffers, the scalars the sampler and bookkeeping take
-            key = ("window", batch, window.half, last_everywhere, self.head_sampling,
-                   self.params.temperature, self.params.max_new_tokens, self.cache.max_len)
-            graphs.run_or_capture(key, queue_steps)
-        else:
-            queue_steps()
+        for col in range(steps):
+            self._sample(window, col)
+            if not (last_everywhere and col == steps - 1):
+                self._forward(batch)
         return window
 
     def _stage(self, window: _Window) -> None:
@@ -516,8 +491,7 @@ class _Run:
 
     def _forward(self, batch: int) -> None:
         head = not self.head_sampling
-        # inside a window's capture the forward pass is captured kernel by kernel
-        if self.decoder.graphs is not None and not torch.cuda.is_current_stream_capturing():
+        if self.decoder.graphs is not None:
             self.decoder.graphs.run(batch, head)
         else:
             self.decoder.forward_decode(batch, head)
