@@ -88,7 +88,7 @@ def compile_all() -> None:
           {"CHUNK": race_sampling.CHUNK, "BLOCK": race_sampling.BLOCK}, num_warps=4)
     for parts_pad in (64, 4096):  # the race's chunks, the head sampler's tiles
         build(choose, {"partials_ptr": "*fp32", "tokens_ptr": "*i64", "logprobs_ptr": "*fp32",
-                       "parts": "i32"}, {"PARTS_PAD": parts_pad}, num_warps=4)
+                       "parts": "i32"}, {"PARTS_PAD": parts_pad, "PDL": True}, num_warps=4)
 
     tiles = decode_mlp.choose_tiles(896)
     build(decode_mlp._kernels(), {
@@ -148,14 +148,14 @@ def compile_all() -> None:
         "window_valid_ptr": "*i1", "window_stride": "i32", "input_ids_ptr": "*i64",
         "positions_ptr": "*i64", "eos_ptr": "*i64", "eos_count": "i32", "seed_ptr": "*i64",
         "rows": "i32", "max_new_tokens": "i32", "max_position": "i32",
-    }, {"ADVANCE_SEED": True, "BLOCK": step_record.BLOCK}, num_warps=4)
+    }, {"ADVANCE_SEED": True, "BLOCK": step_record.BLOCK, "PDL": True}, num_warps=4)
 
     build(head_sampling._kernels(), {
         "h_ptr": "*bf16", "w_ptr": "*bf16", "seed_ptr": "*i64", "stats_ptr": "*fp32",
         "rows": "i32", "vocab": "i32", "depth": "i32", "h_stride": "i32", "tiles": "i32",
         "inverse_t": "fp32",
     }, {"BLOCK_M": 64, "QUARTER": head_sampling.TILE // 4, "BLOCK_K": head_sampling.BLOCK_K,
-        "UPCAST": False, "FAST_LOG": True}, num_warps=head_sampling.NUM_WARPS,
+        "UPCAST": False, "FAST_LOG": True, "PDL": True}, num_warps=head_sampling.NUM_WARPS,
         num_stages=head_sampling.NUM_STAGES)
 
 

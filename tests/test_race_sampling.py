@@ -84,9 +84,9 @@ def test_engine_samples_with_it_and_logprobs_match_a_full_forward_pass(
     calls: list[str] = []
 
     def counted(name: str, sampler: Any) -> Any:
-        def wrapper(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        def wrapper(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
             calls.append(name)
-            return sampler(*args)
+            return sampler(*args, **kwargs)
         return wrapper
 
     # with head sampling the output head runs inside the sampler, else logits are written

@@ -382,6 +382,9 @@ class _Run:
         # the bookkeeping of each step as one kernel; with the fused sampler it also
         # advances the sampler's seed, drawn once per call
         self.fused_record = decoder.fused_kernels and kernels_run_on(self.device)
+        # the sampler and bookkeeping kernels launch as the kernel chain's do: each
+        # starts while the one before it finishes
+        self.pdl = decoder.decode_forward is not None and decoder.decode_forward.pdl
         self.seed = torch.randint(0, 2**62, (1,), device=self.device, generator=generator) \
             if self.fused_sampling and self.fused_record else None
         self.occupant: list[int | None] = [None] * slots
@@ -474,7 +477,7 @@ class _Run:
                 assert self.decoder.decode_forward is not None
                 tokens, logprobs = head_sample(b.hidden[:batch],
                                                self.decoder.decode_forward.lm_head,
-                                               params.temperature, seed)
+                                               params.temperature, seed, pdl=self.pdl)
             else:
                 tokens, logprobs = race_sample(b.logits[:batch], params.temperature, seed)
         else:
@@ -483,7 +486,7 @@ class _Run:
                 top_p=params.top_p, generator=self.generator, race=self.decoder.race,
             )
         record = record_tokens if self.fused_record else self.decoder.record
-        extra = {"seed": self.seed} if self.fused_record else {}
+        extra = {"seed": self.seed, "pdl": self.pdl} if self.fused_record else {}
         record(tokens, logprobs, b.done[:batch], b.generated[:batch],
                b.window_tokens[half, :batch, col], b.window_logprobs[half, :batch, col],
                b.window_valid[half, :batch, col], b.input_ids[:batch], b.positions[:batch],

@@ -50,12 +50,15 @@ MAX_ROWS = 64
 
 
 def head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: float,
-                seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                seed: torch.Tensor, *, pdl: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token sampled from ``softmax(hidden @ weight.T / temperature)`` per row.
 
     ``hidden`` is ``[B, H]`` (B <= :data:`MAX_ROWS`), ``weight`` the output embedding
     ``[V, H]`` of the same dtype; ``seed`` a one-element integer tensor on their device.
-    Returns ``(tokens, logprobs)``: ``[B]`` int64 and ``[B]`` float32.
+    Returns ``(tokens, logprobs)``: ``[B]`` int64 and ``[B]`` float32. With ``pdl``
+    both kernels are programmatic dependent launches (see
+    :mod:`reasonctl.rollout.decode_linear`).
     """
     problems = []
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
@@ -82,13 +85,14 @@ def head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: float,
     stats = torch.empty((5, rows, tiles), dtype=torch.float32, device=hidden.device)
     if rows == 0:
         return pick_from_partials(stats)
+    launch = {"launch_pdl": True} if pdl else {}
     _kernels()[(tiles,)](hidden, weight, seed, stats, rows, vocab, depth, hidden.stride(0),
                       tiles, 1.0 / temperature, BLOCK_M=max(16, next_power_of_two(rows)),
                       QUARTER=TILE // 4, BLOCK_K=BLOCK_K,
                       UPCAST=hidden.dtype == torch.float32 or interpreting(),
-                      FAST_LOG=FAST_LOGARITHM and not interpreting(),
-                      num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-    return pick_from_partials(stats)
+                      FAST_LOG=FAST_LOGARITHM and not interpreting(), PDL=pdl,
+                      num_warps=NUM_WARPS, num_stages=NUM_STAGES, **launch)
+    return pick_from_partials(stats, pdl=pdl)
 
 
 @functools.cache
@@ -100,7 +104,8 @@ def _kernels() -> Any:
     @triton.jit
     def partial(h_ptr, w_ptr, seed_ptr, stats_ptr, rows, vocab, depth, h_stride, tiles,
                 inverse_t, BLOCK_M: tl.constexpr, QUARTER: tl.constexpr,
-                BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, FAST_LOG: tl.constexpr):
+                BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, FAST_LOG: tl.constexpr,
+                PDL: tl.constexpr):
         # rows on the first axis, the tile's entries on the second: the per-row
         # reductions below stay within a warp
         tile = tl.program_id(0)
@@ -111,6 +116,9 @@ def _kernels() -> Any:
         step = tl.arange(0, BLOCK_K)
         w_rows = w_ptr + entry.to(tl.int64)[:, None] * depth
         acc = tl.zeros((BLOCK_M, 4 * QUARTER), tl.float32)
+        if PDL:  # the hidden states and the seed are the previous kernel's output
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         for k in range(0, depth, BLOCK_K):
             k_ok = (k + step < depth)[None, :]
             w = tl.load(w_rows + (k + step)[None, :], mask=entry_ok[:, None] & k_ok, other=0.0)

@@ -65,18 +65,23 @@ def race_sample(logits: torch.Tensor, temperature: float, seed: torch.Tensor
     return pick_from_partials(best)
 
 
-def pick_from_partials(partials: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def pick_from_partials(partials: torch.Tensor, *, pdl: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """The sampled token and its log-probability per row from per-part results:
     ``partials`` is float32 ``[5, B, parts]``, the planes holding each part's best
     Gumbel-perturbed score, that entry's index, the part's maximum of ``logits / T``, its
     sum of ``exp(logits / T - maximum)`` and the best entry's ``logits / T``. Ties go to
-    the lowest part. Returns ``(tokens, logprobs)``: ``[B]`` int64 and ``[B]`` float32."""
+    the lowest part. Returns ``(tokens, logprobs)``: ``[B]`` int64 and ``[B]`` float32.
+    With ``pdl`` the kernel is a programmatic dependent launch (see
+    :mod:`reasonctl.rollout.decode_linear`)."""
     _, rows, parts = partials.shape
     tokens = torch.empty(rows, dtype=torch.int64, device=partials.device)
     logprobs = torch.empty(rows, dtype=torch.float32, device=partials.device)
     if rows:
+        launch = {"launch_pdl": True} if pdl else {}
         _kernels()[1][(rows,)](partials, tokens, logprobs, parts,
-                               PARTS_PAD=max(2, next_power_of_two(parts)), num_warps=4)
+                               PARTS_PAD=max(2, next_power_of_two(parts)), PDL=pdl,
+                               num_warps=4, **launch)
     return tokens, logprobs
 
 
@@ -150,9 +155,13 @@ def _kernels() -> tuple[Any, Any]:
         tl.store(best_ptr + 4 * plane + at, top_x)
 
     @triton.jit
-    def combine(partials_ptr, tokens_ptr, logprobs_ptr, parts, PARTS_PAD: tl.constexpr):
+    def combine(partials_ptr, tokens_ptr, logprobs_ptr, parts, PARTS_PAD: tl.constexpr,
+                PDL: tl.constexpr):
         row = tl.program_id(0)
         rows = tl.num_programs(0)
+        if PDL:  # the partials are the previous kernel's output
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         part = tl.arange(0, PARTS_PAD)
         valid = part < parts
         at = row * parts + part

@@ -27,13 +27,15 @@ def record_tokens(tokens: torch.Tensor, logprobs: torch.Tensor, done: torch.Tens
                   window_logprobs: torch.Tensor, window_valid: torch.Tensor,
                   input_ids: torch.Tensor, positions: torch.Tensor, eos: torch.Tensor,
                   max_new_tokens: int, max_position: int,
-                  seed: torch.Tensor | None = None) -> None:
+                  seed: torch.Tensor | None = None, *, pdl: bool = False) -> None:
     """Book one sampled token per row in place, as
     :func:`~reasonctl.rollout.fast_decode.record_step` does: ``window_*`` (``[B]`` views
     of one window column, any stride) get the token, its log-prob and whether the row was
     live; ``generated`` counts live rows' tokens; ``done`` is set by an ``eos`` token or
     ``max_new_tokens``; ``input_ids`` takes the token; ``positions`` moves on by one (at
-    most ``max_position``). A one-element ``seed`` tensor is advanced by one."""
+    most ``max_position``). A one-element ``seed`` tensor is advanced by one. With
+    ``pdl`` the kernel is a programmatic dependent launch (see
+    :mod:`reasonctl.rollout.decode_linear`)."""
     rows = tokens.shape[0]
     problems = []
     for name, tensor in (("logprobs", logprobs), ("done", done), ("generated", generated),
@@ -57,11 +59,12 @@ def record_tokens(tokens: torch.Tensor, logprobs: torch.Tensor, done: torch.Tens
         raise ValueError("record_tokens: " + "; ".join(problems))
     if rows == 0:
         return
+    launch = {"launch_pdl": True} if pdl else {}
     _kernels()[(-(-rows // BLOCK),)](
         tokens, logprobs, done, generated, window_tokens, window_logprobs, window_valid,
         window_tokens.stride(0), input_ids, positions, eos, eos.numel(),
         tokens if seed is None else seed, rows, max_new_tokens, max_position,
-        ADVANCE_SEED=seed is not None, BLOCK=BLOCK, num_warps=4,
+        ADVANCE_SEED=seed is not None, BLOCK=BLOCK, PDL=pdl, num_warps=4, **launch,
     )
 
 
@@ -75,8 +78,13 @@ def _kernels() -> Any:
     def record(tokens_ptr, logprobs_ptr, done_ptr, generated_ptr, window_tokens_ptr,
                window_logprobs_ptr, window_valid_ptr, window_stride, input_ids_ptr,
                positions_ptr, eos_ptr, eos_count, seed_ptr, rows, max_new_tokens,
-               max_position, ADVANCE_SEED: tl.constexpr, BLOCK: tl.constexpr):
+               max_position, ADVANCE_SEED: tl.constexpr, BLOCK: tl.constexpr,
+               PDL: tl.constexpr):
         program = tl.program_id(0)
+        if PDL:  # the sampled tokens are the previous kernel's output
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+
         row = program * BLOCK + tl.arange(0, BLOCK)
         ok = row < rows
         token = tl.load(tokens_ptr + row, mask=ok, other=0)
