@@ -104,6 +104,28 @@ def test_sampled_logprobs_equal_a_full_forward_pass(head_sampling: bool,
                                            expected.squeeze(1).cpu(), atol=2e-3, rtol=2e-3)
 
 
+@pytest.mark.parametrize("n", [1, 3])
+def test_prefill_graphs_decode_what_eager_prefills_decode(
+        n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from reasonctl.rollout import fast_decode
+
+    model = _model("qwen2")
+    # n = 3: more sequences than slots (refills of fewer slots), prompts filling several
+    # slots; three calls: each shape prefills eagerly, is captured, then replayed
+    params = SamplingParams(n=n, temperature=0.8, max_new_tokens=24, seed=11)
+    results = {}
+    for graphs in (False, True):
+        monkeypatch.setattr(fast_decode, "PREFILL_GRAPHS", graphs)
+        engine = _engine(model)
+        results[graphs] = [
+            [[(c.token_ids, c.logprobs) for c in g]
+             for g in engine.generate([{"input_ids": p} for p in PROMPTS], params)]
+            for _ in range(3)]
+        assert bool(engine.static_decoder.prefill_graphs.graphs) is graphs
+    assert results[True] == results[False]
+    assert results[True][0] == results[True][2]  # a seed repeats its draws
+
+
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
 def test_chain_equals_library_matmuls_in_bfloat16(kind: str) -> None:
     from reasonctl.rollout.decode_forward import DecodeForward

@@ -54,6 +54,11 @@ from reasonctl.rollout.stopping import Decode, StopMatcher
 from reasonctl.rollout.triton_support import kernels_run_on
 
 SYNC_EVERY = 16
+PREFILL_GRAPHS = True
+"""With CUDA graphs and the dedicated prefill, a prefill of a shape (prompts, width,
+slots) seen before replays a CUDA graph of it (False: always launched kernel by kernel).
+The first prefill of a shape runs eagerly: a workload whose prompt widths never repeat
+pays no capture."""
 HEAD_SAMPLING = True
 """Plain sampling with the dedicated decode step applies the output head inside the
 sampler (:mod:`reasonctl.rollout.head_sampling`) instead of writing logits first."""
@@ -176,6 +181,10 @@ class StaticDecoder:
         self.cache: SlotKVCache | None = None
         self.buffers: _Buffers | None = None
         self.graphs: DecodeGraphs | None = None
+        self.prefill_graphs: DecodeGraphs | None = None
+        """Graphs of :meth:`prefill_slots`, keyed by shape (see :data:`PREFILL_GRAPHS`)."""
+        self._prefill_inputs: dict[tuple, tuple[torch.Tensor, ...]] = {}
+        self._prefill_shapes: set[tuple] = set()  # shapes prefilled eagerly once
         forward = inspect.signature(type(model).forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward else "past_key_values"
         self._accepts_logits_to_keep = "logits_to_keep" in forward
@@ -303,6 +312,7 @@ class StaticDecoder:
                 self.decode_forward.refresh()
             return
         self.cache = self.graphs = self.buffers = None  # captured with the old step
+        self._forget_prefill_graphs()
         step: Any = self.call_model
         self.decode_forward = None
         if supports_decode_forward(self.model):
@@ -323,6 +333,7 @@ class StaticDecoder:
         if self.cache is not None:  # grow to cover both the old and the new request
             slots, max_len = max(slots, self.cache.slots), max(max_len, self.cache.max_len)
         self.cache = self.graphs = self.buffers = None  # free before allocating anew
+        self._forget_prefill_graphs()
         config = self.model.config
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -335,6 +346,82 @@ class StaticDecoder:
         self.buffers = _Buffers(slots, max_len, vocab, config.hidden_size, dtype, device)
         if self.uses_cuda_graphs:
             self.graphs = DecodeGraphs(self.forward_decode)
+            self.prefill_graphs = DecodeGraphs(self._prefill_from_inputs)
+
+    def _forget_prefill_graphs(self) -> None:
+        self.prefill_graphs = None
+        self._prefill_inputs.clear()
+        self._prefill_shapes.clear()
+
+    def prefill_slots(self, ids: torch.Tensor, real: torch.Tensor, slots: torch.Tensor,
+                      source_rows: torch.Tensor | None, lengths: torch.Tensor, *,
+                      head: bool) -> None:
+        """Prefill left-padded prompts (``ids``/``real``, ``[P, W]``, host tensors) into
+        ``slots`` (``[R]``; row ``source_rows[i]`` fills ``slots[i]``, None: row ``i``)
+        and set those slots up for decoding: what the first step samples from (the last
+        position's logits, or with ``head`` False its hidden states), positions, done
+        flags and counts. ``lengths`` (``[P]``) are the prompts' lengths. A shape seen
+        before replays its CUDA graph where :data:`PREFILL_GRAPHS` allows."""
+        identity = source_rows is None
+        key = (ids.shape[0], ids.shape[1], slots.shape[0], identity, head)
+        graphs = self.prefill_graphs
+        step = self.decode_forward
+        if (graphs is None or not PREFILL_GRAPHS or step is None or not step.prefills
+                or key not in self._prefill_shapes):
+            self._prefill_shapes.add(key)
+            device = self._device
+            self.prefill_on_device(
+                ids.to(device), real.to(device), slots.to(device),
+                None if identity else source_rows.to(device), lengths.to(device), head=head)
+            return
+        inputs = self._prefill_inputs.get(key)
+        if inputs is None:  # static copies the graph reads
+            inputs = self._prefill_inputs[key] = tuple(
+                t.to(self._device) for t in (ids, real, slots, lengths,
+                                             *(() if identity else (source_rows,))))
+        for target, value in zip(inputs, (ids, real, slots, lengths, source_rows),
+                                 strict=False):
+            target.copy_(value, non_blocking=True)
+        graphs.run(*key)
+
+    def _prefill_from_inputs(self, prompts: int, width: int, slot_count: int,
+                             identity: bool, head: bool) -> None:
+        """:meth:`prefill_on_device` on the static inputs of a shape (what its graph
+        captures)."""
+        ids, real, slots, lengths, *source = self._prefill_inputs[
+            (prompts, width, slot_count, identity, head)]
+        self.prefill_on_device(ids, real, slots, source[0] if source else None, lengths,
+                               head=head)
+
+    def prefill_on_device(self, ids: torch.Tensor, real: torch.Tensor, slots: torch.Tensor,
+                          source_rows: torch.Tensor | None, lengths: torch.Tensor, *,
+                          head: bool) -> None:
+        """:meth:`prefill_slots` on device tensors, without host synchronisation (so it
+        can be captured); running it twice gives the same state."""
+        assert self.cache is not None and self.buffers is not None
+        width = ids.shape[1]
+        device = ids.device
+        positions = (real.long().cumsum(-1) - 1).clamp(min=0)
+        # padding is stored past any position a row reads before overwriting it
+        store_at = torch.where(real, positions, self.cache.max_len - 1)
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+        diagonal = torch.eye(width, dtype=torch.bool, device=device)
+        allowed = ((causal & real.view(-1, 1, width)) | diagonal).unsqueeze(1)
+        self.cache.prepare_prefill(slots, source_rows, store_at)
+        b = self.buffers
+        target = b.logits if head else b.hidden
+        last = self.prefill(ids, positions, allowed, head=head)
+        if source_rows is not None:
+            last = last.index_select(0, source_rows)
+        target.index_copy_(0, slots, last.to(target.dtype))
+        # the position of the prompt's last token: each step's bookkeeping moves it on
+        # before the forward pass stores the new token there
+        last_positions = lengths - 1
+        if source_rows is not None:
+            last_positions = last_positions.index_select(0, source_rows)
+        b.positions.index_copy_(0, slots, last_positions)
+        b.done.index_fill_(0, slots, False)
+        b.generated.index_fill_(0, slots, 0)
 
 
 @dataclass
@@ -574,34 +661,12 @@ class _Run:
         for row, prompt in enumerate(prompts):
             ids[row, width - len(prompt) :] = torch.as_tensor(list(prompt))
             real[row, width - len(prompt) :] = True
-        ids, real = ids.to(self.device), real.to(self.device)
-        positions = (real.long().cumsum(-1) - 1).clamp(min=0)
-        # padding is stored past any position a row reads before overwriting it
-        store_at = torch.where(real, positions, self.cache.max_len - 1)
-        causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
-        diagonal = torch.eye(width, dtype=torch.bool, device=self.device)
-        allowed = ((causal & real.view(-1, 1, width)) | diagonal).unsqueeze(1)
         rows = [distinct.index(i) for i in prompt_indices]
         # None: each prompt fills one slot, in order (no gather needed)
-        source_rows = None if rows == list(range(len(distinct))) else torch.tensor(
-            rows, device=self.device)
-        slot_index = torch.tensor(slots, device=self.device)
-        self.cache.prepare_prefill(slot_index, source_rows, store_at)
-        b = self.buffers
+        source_rows = None if rows == list(range(len(distinct))) else torch.tensor(rows)
         # what the first step samples from: logits, or hidden states for head sampling
-        target = b.hidden if self.head_sampling else b.logits
-        last = self.decoder.prefill(ids, positions, allowed, head=not self.head_sampling)
-        if source_rows is not None:
-            last = last.index_select(0, source_rows)
-        target.index_copy_(0, slot_index, last.to(target.dtype))
-        # the position of the prompt's last token: each step's bookkeeping moves it on
-        # before the forward pass stores the new token there
-        last_positions = (lengths - 1).to(self.device)
-        if source_rows is not None:
-            last_positions = last_positions.index_select(0, source_rows)
-        b.positions.index_copy_(0, slot_index, last_positions)
-        b.done[slot_index] = False
-        b.generated[slot_index] = 0
+        self.decoder.prefill_slots(ids, real, torch.tensor(slots), source_rows, lengths,
+                                   head=not self.head_sampling)
 
     def _compaction_helps(self) -> bool:
         """True when moving live rows into the lowest slots lets a smaller bucket run."""
