@@ -233,3 +233,47 @@ def test_next_window_is_queued_before_the_current_one_is_handed_over(
     narrow = HFRolloutEngine(model, tokenizer, eos_token_ids=[eos], max_batch_size=2)
     assert _ids(narrow.generate(_inputs(prompts), params)) == _ids(got)
     assert events[:4] == ["launch 16", "collect", "launch 16", "collect"]
+
+
+class _Rerun:
+    """Stands in for prefill graphs on CPU: "replaying" reruns what a graph of the shape
+    would capture, on the same static inputs."""
+
+    def __init__(self, step: Any) -> None:
+        self.step = step
+        self.keys: list[tuple] = []
+
+    def run(self, *key: Any) -> None:
+        self.keys.append(key)
+        self.step(*key)
+
+
+@pytest.mark.parametrize("limit", [16, 1])
+def test_prefills_of_repeated_shapes_read_their_static_inputs(
+        model: Any, tokenizer: Any, prompts: list[list[int]], limit: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from reasonctl.rollout import fast_decode
+
+    # three slots for six sequences: a prefill of three distinct prompts (each fills one
+    # slot), then refills of fewer slots; n = 2 adds prompts that fill two slots
+    params = [SamplingParams(n=n, temperature=0.7, max_new_tokens=12, seed=3)
+              for n in (1, 2)]
+    eager = HFRolloutEngine(model, tokenizer, max_batch_size=3)
+    expected = [eager.generate(_inputs(prompts), p) for p in params]
+    monkeypatch.setattr(fast_decode, "PREFILL_GRAPH_LIMIT", limit)
+    engine = HFRolloutEngine(model, tokenizer, max_batch_size=3)
+    decoder = engine.static_decoder
+    engine.generate(_inputs(prompts), params[0])  # allocates the cache
+    rerun = _Rerun(decoder._prefill_from_inputs)
+    monkeypatch.setattr(decoder, "prefill_graphs", rerun)
+    monkeypatch.setattr(decoder, "_prefills_in_graphs", lambda: True)
+    for _ in range(3):  # shapes seen before (from the first call) read static inputs
+        got = [engine.generate(_inputs(prompts), p) for p in params]
+        for mine, theirs in zip(got, expected, strict=True):
+            assert [[(c.token_ids, c.logprobs) for c in g] for g in mine] == \
+                [[(c.token_ids, c.logprobs) for c in g] for g in theirs]
+    shapes = set(rerun.keys)
+    assert len(shapes) == min(limit, len(decoder._prefill_inputs)) and shapes
+    assert len(decoder._prefill_inputs) <= limit
+    if limit > 1:  # rows of their own and rows filling several slots both replayed
+        assert {key[3] for key in shapes} == {True, False}

@@ -4,7 +4,8 @@ How :meth:`StaticDecoder.generate` runs:
 
 1. Every sequence (prompt x sample) waits for a slot of the :class:`SlotKVCache`; there
    are at most ``max_batch_size`` slots. Prompts entering slots are prefilled together,
-   left-padded, each distinct prompt once even when it fills ``n`` slots.
+   left-padded, each distinct prompt once even when it fills ``n`` slots; on CUDA with
+   the dedicated prefill, a prefill of a shape seen before replays a CUDA graph.
 2. A decode step samples one token for every slot of the current batch-size bucket from
    the logits the previous forward pass left in a static buffer
    (:mod:`reasonctl.rollout.sampling`), records it in a device-side window, marks rows
@@ -59,6 +60,8 @@ PREFILL_GRAPHS = True
 slots) seen before replays a CUDA graph of it (False: always launched kernel by kernel).
 The first prefill of a shape runs eagerly: a workload whose prompt widths never repeat
 pays no capture."""
+PREFILL_GRAPH_LIMIT = 16
+"""The most prefill shapes kept as graphs per cache; later new shapes run eagerly."""
 HEAD_SAMPLING = True
 """Plain sampling with the dedicated decode step applies the output head inside the
 sampler (:mod:`reasonctl.rollout.head_sampling`) instead of writing logits first."""
@@ -362,27 +365,31 @@ class StaticDecoder:
         position's logits, or with ``head`` False its hidden states), positions, done
         flags and counts. ``lengths`` (``[P]``) are the prompts' lengths. A shape seen
         before replays its CUDA graph where :data:`PREFILL_GRAPHS` allows."""
-        identity = source_rows is None
-        key = (ids.shape[0], ids.shape[1], slots.shape[0], identity, head)
-        graphs = self.prefill_graphs
-        step = self.decode_forward
-        if (graphs is None or not PREFILL_GRAPHS or step is None or not step.prefills
-                or key not in self._prefill_shapes):
-            self._prefill_shapes.add(key)
-            device = self._device
-            self.prefill_on_device(
-                ids.to(device), real.to(device), slots.to(device),
-                None if identity else source_rows.to(device), lengths.to(device), head=head)
-            return
+        key = (ids.shape[0], ids.shape[1], slots.shape[0], source_rows is None, head)
+        values = (ids, real, slots, lengths) + (() if source_rows is None else (source_rows,))
         inputs = self._prefill_inputs.get(key)
-        if inputs is None:  # static copies the graph reads
+        if inputs is None and (not self._prefills_in_graphs()
+                               or key not in self._prefill_shapes
+                               or len(self._prefill_inputs) >= PREFILL_GRAPH_LIMIT):
+            self._prefill_shapes.add(key)
+            on_device = [value.to(self._device) for value in values]
+            self.prefill_on_device(*on_device[:4], on_device[4] if len(on_device) > 4 else None,
+                                   head=head)
+            return
+        if inputs is None:  # the static tensors its graph reads
             inputs = self._prefill_inputs[key] = tuple(
-                t.to(self._device) for t in (ids, real, slots, lengths,
-                                             *(() if identity else (source_rows,))))
-        for target, value in zip(inputs, (ids, real, slots, lengths, source_rows),
-                                 strict=False):
+                torch.empty_like(value, device=self._device) for value in values)
+        for target, value in zip(inputs, values, strict=True):
             target.copy_(value, non_blocking=True)
-        graphs.run(*key)
+        assert self.prefill_graphs is not None
+        self.prefill_graphs.run(*key)
+
+    def _prefills_in_graphs(self) -> bool:
+        """True when prefills of repeated shapes replay graphs: CUDA graphs are on and the
+        dedicated prefill runs (see :data:`PREFILL_GRAPHS`)."""
+        step = self.decode_forward
+        return (self.prefill_graphs is not None and PREFILL_GRAPHS and step is not None
+                and step.prefills)
 
     def _prefill_from_inputs(self, prompts: int, width: int, slot_count: int,
                              identity: bool, head: bool) -> None:
@@ -390,11 +397,11 @@ class StaticDecoder:
         captures)."""
         ids, real, slots, lengths, *source = self._prefill_inputs[
             (prompts, width, slot_count, identity, head)]
-        self.prefill_on_device(ids, real, slots, source[0] if source else None, lengths,
+        self.prefill_on_device(ids, real, slots, lengths, source[0] if source else None,
                                head=head)
 
     def prefill_on_device(self, ids: torch.Tensor, real: torch.Tensor, slots: torch.Tensor,
-                          source_rows: torch.Tensor | None, lengths: torch.Tensor, *,
+                          lengths: torch.Tensor, source_rows: torch.Tensor | None, *,
                           head: bool) -> None:
         """:meth:`prefill_slots` on device tensors, without host synchronisation (so it
         can be captured); running it twice gives the same state."""
