@@ -355,14 +355,14 @@ def main() -> None:
         engine_generate(engine, prompts, sampling(args.new_tokens, temperature=1.0, seed=0))
     summary["reasonctl_warmup_s"] = now() - warm_started
     log(f"warm-up: {summary['reasonctl_warmup_s']:.1f} s")
+    def rate(run: tuple[float, list[Any]]) -> float:
+        return sum(len(c.token_ids) for c in run[1]) / run[0]
+
     runs = []
     for repeat in range(max(1, args.repeats)):
         completions, seconds = engine_generate(
             engine, prompts, sampling(args.new_tokens, temperature=1.0, seed=1 + repeat))
         runs.append((seconds, completions))
-    def rate(run: tuple[float, list[Any]]) -> float:
-        return sum(len(c.token_ids) for c in run[1]) / run[0]
-
     seconds, completions = sorted(runs, key=rate)[len(runs) // 2]  # the median rate
     tokens = sum(len(c.token_ids) for c in completions)
     decoder = getattr(engine, "static_decoder", None)

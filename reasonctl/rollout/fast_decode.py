@@ -372,9 +372,7 @@ class StaticDecoder:
                                or key not in self._prefill_shapes
                                or len(self._prefill_inputs) >= PREFILL_GRAPH_LIMIT):
             self._prefill_shapes.add(key)
-            on_device = [value.to(self._device) for value in values]
-            self.prefill_on_device(*on_device[:4], on_device[4] if len(on_device) > 4 else None,
-                                   head=head)
+            self.prefill_on_device(*(value.to(self._device) for value in values), head=head)
             return
         if inputs is None:  # the static tensors its graph reads
             inputs = self._prefill_inputs[key] = tuple(
@@ -395,14 +393,12 @@ class StaticDecoder:
                              identity: bool, head: bool) -> None:
         """:meth:`prefill_on_device` on the static inputs of a shape (what its graph
         captures)."""
-        ids, real, slots, lengths, *source = self._prefill_inputs[
-            (prompts, width, slot_count, identity, head)]
-        self.prefill_on_device(ids, real, slots, lengths, source[0] if source else None,
-                               head=head)
+        self.prefill_on_device(*self._prefill_inputs[(prompts, width, slot_count, identity,
+                                                       head)], head=head)
 
     def prefill_on_device(self, ids: torch.Tensor, real: torch.Tensor, slots: torch.Tensor,
-                          lengths: torch.Tensor, source_rows: torch.Tensor | None, *,
-                          head: bool) -> None:
+                          lengths: torch.Tensor, source_rows: torch.Tensor | None = None,
+                          *, head: bool) -> None:
         """:meth:`prefill_slots` on device tensors, without host synchronisation (so it
         can be captured); running it twice gives the same state."""
         assert self.cache is not None and self.buffers is not None
@@ -418,14 +414,13 @@ class StaticDecoder:
         b = self.buffers
         target = b.logits if head else b.hidden
         last = self.prefill(ids, positions, allowed, head=head)
-        if source_rows is not None:
-            last = last.index_select(0, source_rows)
-        target.index_copy_(0, slots, last.to(target.dtype))
         # the position of the prompt's last token: each step's bookkeeping moves it on
         # before the forward pass stores the new token there
         last_positions = lengths - 1
-        if source_rows is not None:
+        if source_rows is not None:  # rows into the slots they fill
+            last = last.index_select(0, source_rows)
             last_positions = last_positions.index_select(0, source_rows)
+        target.index_copy_(0, slots, last.to(target.dtype))
         b.positions.index_copy_(0, slots, last_positions)
         b.done.index_fill_(0, slots, False)
         b.generated.index_fill_(0, slots, 0)

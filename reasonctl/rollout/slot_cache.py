@@ -47,10 +47,10 @@ class SlotKVCache:
         Row ``source_rows[i]`` of the forward's batch goes into slot ``slots[i]`` (a
         prompt sampled ``n`` times fills ``n`` slots; None: row ``i`` goes into
         ``slots[i]``); ``positions`` (``[rows, tokens]``) is where each token of a row is
-        stored. The layers attend only to the prompt's
-        own keys. A slot's later positions keep an earlier sequence's (finite) entries
-        until decode steps overwrite them; until then the fused attention does not read
-        them and the library attention masks them out (zero weight).
+        stored. The layers attend only to the prompt's own keys. A slot's later positions
+        keep an earlier sequence's (finite) entries until decode steps overwrite them;
+        until then the fused attention does not read them and the library attention
+        masks them out (zero weight).
         """
         # where every stored token goes, worked out once for all layers: [rows, tokens]
         at_position = positions if source_rows is None else positions.index_select(
