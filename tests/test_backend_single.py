@@ -17,7 +17,8 @@ from reasonctl.backends.single import SingleDeviceBackend
 from reasonctl.backends.token_logprobs import chunked_token_logprobs
 from reasonctl.core.config import RunConfig
 from reasonctl.core.context import RunContext
-from reasonctl.core.plugins import LifecycleHooks, PluginHost
+from reasonctl.core.lifecycle import LifecycleHooks
+from reasonctl.core.plugins import PluginHost
 from reasonctl.data.processing import EncodedSample, collate
 from reasonctl.models.loading import (
     ModelLoadError,

@@ -98,7 +98,7 @@ def test_resume_from_background_checkpoints_matches_the_uninterrupted_run(
         tmp_path: Path) -> None:
     from test_resume import STEPS, Losses, assert_same_weights, config, samples
 
-    from reasonctl.core.plugins import hookimpl
+    from reasonctl import hookimpl
     from reasonctl.sdk.api import run
 
     def async_config(out: Path, **run_section: Any) -> dict[str, Any]:

@@ -241,7 +241,7 @@ def test_hsdp_replicas_match_single(reference: Path) -> None:
 def test_vision_language_model_shards_and_packs_its_samples(tmp_path: Path) -> None:
     from data_factories import write_png
 
-    from reasonctl.core.plugins import hookimpl
+    from reasonctl import hookimpl
     from reasonctl.core.types import ContentPart, Message, Sample
     from reasonctl.models.tiny_vl import make_tiny_qwen2_5_vl_dir
     from reasonctl.sdk.api import run as sdk_run

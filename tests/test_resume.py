@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from reasonctl.core.plugins import hookimpl
+from reasonctl import hookimpl
 from reasonctl.core.types import ContentPart, Message, Sample
 from reasonctl.sdk.api import run
 
@@ -121,7 +121,7 @@ import sys, time
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 from test_resume import config, samples
-from reasonctl.core.plugins import hookimpl
+from reasonctl import hookimpl
 from reasonctl.sdk.api import run
 
 class Slow:

@@ -9,20 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from reasonctl.core.config import RunConfig, component_name_problems
-from reasonctl.core.errors import ConfigError, ReasonctlError
-from reasonctl.core.plugins import PluginHost
-from reasonctl.core.rewarding import (
+from reasonctl.core.callables import (
     CallableLoadError,
-    RewardError,
-    RewardLengthError,
-    RewardSet,
-    RewardTerm,
     as_reward,
     batched,
     is_batched,
     load_callable,
 )
+from reasonctl.core.config import RunConfig, component_name_problems
+from reasonctl.core.errors import ConfigError, ReasonctlError, RewardError, RewardLengthError
+from reasonctl.core.plugins import PluginHost
+from reasonctl.core.reward_set import RewardSet, RewardTerm
 from reasonctl.core.types import ContentPart, Message, Sample
 
 

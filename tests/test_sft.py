@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from reasonctl import hookimpl
 from reasonctl.algorithms.sampling import BatchLayout, EpochSampler
 from reasonctl.core.config import TrainSection
 from reasonctl.core.errors import ConfigError
-from reasonctl.core.plugins import hookimpl
 from reasonctl.core.types import ContentPart, Message, Sample
 from reasonctl.sdk.api import run
 

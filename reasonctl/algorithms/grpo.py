@@ -6,7 +6,7 @@ A step of :class:`GRPO`:
    chat template, and sample ``rollout.n`` completions each with the rollout engine. With
    ``dynamic_sampling``, groups whose rewards are all equal are dropped and more prompts
    are drawn, up to ``max_sampling_rounds`` rounds.
-2. **Rewards** from the configured :class:`~reasonctl.core.rewarding.RewardSet`;
+2. **Rewards** from the configured :class:`~reasonctl.core.reward_set.RewardSet`;
    advantages are normalised within each group (:func:`~.grpo_loss.group_advantages`).
 3. **Old log-probs.** With several optimizer steps per rollout the trainer first
    recomputes the log-probs (and entropy) of every completion under the current weights;
@@ -37,7 +37,7 @@ import torch
 from reasonctl.algorithms.grpo_loss import PolicyLossSettings, group_advantages, policy_loss
 from reasonctl.algorithms.prompting import layout_mcq
 from reasonctl.core.errors import ConfigError, ReasonctlError
-from reasonctl.core.rewarding import RewardSet
+from reasonctl.core.reward_set import RewardSet
 from reasonctl.core.types import Completion, Metrics, RolloutGroup, Sample, SamplingParams
 
 if TYPE_CHECKING:

@@ -470,7 +470,7 @@ def _check_name(path: str, kind: str, name: str, registry: Registry) -> list[str
 
 
 def _check_callable_path(path: str, name: str) -> list[str]:
-    from reasonctl.core.rewarding import CallableLoadError, load_callable
+    from reasonctl.core.callables import CallableLoadError, load_callable
 
     try:
         load_callable(name)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reasonctl.core.config import RunConfig
-from reasonctl.core.plugins import LifecycleHooks
+from reasonctl.core.lifecycle import LifecycleHooks
 from reasonctl.core.registry import Registry
 
 if TYPE_CHECKING:

@@ -67,6 +67,26 @@ class DataError(ReasonctlError):
     """A data row or media file is malformed; the message starts with ``file:line``."""
 
 
+class RewardError(ReasonctlError):
+    """A reward raised or returned something unusable.
+
+    ``reward`` names the reward; ``source`` and ``completion`` (its first 200 characters)
+    identify the sample it failed on, when known.
+    """
+
+    def __init__(
+        self, message: str, *, reward: str, source: str | None = None, completion: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.reward = reward
+        self.source = source
+        self.completion = completion
+
+
+class RewardLengthError(RewardError):
+    """A reward returned a different number of scores than it was given completions."""
+
+
 class RunInterrupted(ReasonctlError):
     """The run stopped on a signal after saving a checkpoint."""
 

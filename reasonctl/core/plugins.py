@@ -13,19 +13,14 @@ import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pluggy
 
 from reasonctl.core import hookspecs
 from reasonctl.core.errors import PluginLoadError, ReasonctlError
+from reasonctl.core.lifecycle import LifecycleHooks
 from reasonctl.core.registry import KINDS, PluginInfo, Registrar, Registry
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from reasonctl.core.context import RunContext
-    from reasonctl.core.types import Metrics
 
 PROJECT = "reasonctl"
 ENTRY_POINT_GROUP = "reasonctl"
@@ -220,29 +215,6 @@ class PluginHost:
 def _builtin_first(ep: metadata.EntryPoint) -> tuple[int, str]:
     dist = ep.dist.name if ep.dist is not None else ""
     return (0 if dist == PROJECT else 1, ep.name)
-
-
-class LifecycleHooks:
-    """Typed facade over the lifecycle hooks so core code type-checks."""
-
-    def __init__(self, pm: pluggy.PluginManager) -> None:
-        self._hook = pm.hook
-
-    def on_run_start(self, ctx: RunContext) -> None:
-        """Fire ``on_run_start``."""
-        self._hook.on_run_start(ctx=ctx)
-
-    def on_step_end(self, ctx: RunContext, step: int, metrics: Metrics) -> None:
-        """Fire ``on_step_end``."""
-        self._hook.on_step_end(ctx=ctx, step=step, metrics=metrics)
-
-    def on_checkpoint_saved(self, ctx: RunContext, step: int, path: Path) -> None:
-        """Fire ``on_checkpoint_saved``."""
-        self._hook.on_checkpoint_saved(ctx=ctx, step=step, path=path)
-
-    def on_run_end(self, ctx: RunContext, status: str, error: BaseException | None) -> None:
-        """Fire ``on_run_end``."""
-        self._hook.on_run_end(ctx=ctx, status=status, error=error)
 
 
 __all__ = ["PluginHost", "PluginRecord", "hookimpl", "ReasonctlError"]

@@ -69,7 +69,7 @@ class _AdhocPlugin:
 
     @hookimpl
     def register_rewards(self, register: Any) -> None:
-        from reasonctl.core.rewarding import as_reward
+        from reasonctl.core.callables import as_reward
 
         for name, fn in self.rewards.items():
             register(name, lambda _cfg, fn=fn: as_reward(fn), description="SDK callable")

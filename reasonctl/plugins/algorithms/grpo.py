@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from reasonctl.core.plugins import hookimpl
+from reasonctl import hookimpl
 
 if TYPE_CHECKING:
     from reasonctl.core.registry import Registrar

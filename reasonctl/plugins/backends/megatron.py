@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from reasonctl.core.plugins import hookimpl
+from reasonctl import hookimpl
 
 
 class MegatronBackendConfig(BaseModel):

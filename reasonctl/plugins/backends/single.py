@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reasonctl.core.plugins import hookimpl
+from reasonctl import hookimpl
 
 
 class SingleBackendConfig(BaseModel):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
-from reasonctl.core.plugins import hookimpl
+from reasonctl import hookimpl
 from reasonctl.plugins.data.common import MediaOptions
 
 if TYPE_CHECKING:

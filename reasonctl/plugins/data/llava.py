@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from reasonctl.core.plugins import hookimpl
+from reasonctl import hookimpl
 from reasonctl.plugins.data.common import MediaOptions
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reasonctl.core.plugins import hookimpl
+from reasonctl import hookimpl
 
 if TYPE_CHECKING:
     from reasonctl.core.context import RunContext

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from reasonctl import hookimpl
 from reasonctl.core.errors import require
-from reasonctl.core.plugins import hookimpl
 from reasonctl.plugins.loggers.metric_names import as_float
 
 if TYPE_CHECKING:

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from reasonctl import hookimpl
 from reasonctl.core.config import REDACTED, is_secret_key, redact_text
 from reasonctl.core.errors import ReasonctlError, require
-from reasonctl.core.plugins import hookimpl
 from reasonctl.plugins.loggers.metric_names import as_float
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ public, so evaluation scores answers exactly as training rewards them.
 
 from __future__ import annotations
 
-from reasonctl.core.plugins import hookimpl
+from reasonctl import hookimpl
 from reasonctl.core.registry import Registrar
 from reasonctl.plugins.rewards.choice import ChoiceConfig, ChoiceReward
 from reasonctl.plugins.rewards.exact_match import ExactMatchConfig, ExactMatchReward

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reasonctl.core.plugins import hookimpl
+from reasonctl import hookimpl
 from reasonctl.rollout.buckets import DEFAULT_GRAPH_BATCH_SIZES
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reasonctl.core.plugins import hookimpl
+from reasonctl import hookimpl
 from reasonctl.core.registry import Registrar
 from reasonctl.core.storage import StorageError, iter_files, join_uri, parse_uri, remove_tree
 

@@ -1,0 +1,262 @@
+"""The configured rewards as one weighted score per completion.
+
+:class:`RewardSet` holds the ``[[rewards.components]]`` of a run and turns completions
+into weighted totals, per-reward scores and metrics, applying ``rewards.on_error``.
+
+This module imports neither torch nor any plugin.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from reasonctl.core.callables import as_reward, is_callable_path, load_callable
+from reasonctl.core.errors import ConfigError, RewardError, RewardLengthError
+from reasonctl.core.protocols import Reward
+from reasonctl.core.types import Metrics, Sample
+
+if TYPE_CHECKING:
+    from reasonctl.core.config import RunConfig
+    from reasonctl.core.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+OnError = Literal["raise", "zero"]
+
+COMPLETION_PREVIEW_CHARS = 200
+
+
+# --- scoring with a weighted set ---------------------------------------------------------------
+
+
+@dataclass
+class RewardTerm:
+    """One weighted reward of a :class:`RewardSet`."""
+
+    name: str
+    reward: Reward
+    weight: float = 1.0
+
+
+@dataclass
+class RewardScores:
+    """What :meth:`RewardSet.score` returns.
+
+    ``totals[i]`` is the weighted sum for completion ``i`` (``None`` scores count 0);
+    ``components[name][i]`` the raw score of each reward; ``metrics`` the ``reward/...``
+    means, standard deviations, coverages and error count; ``errors`` the failures that
+    were scored 0 under ``on_error = "zero"``.
+    """
+
+    totals: list[float]
+    components: dict[str, list[float | None]]
+    metrics: Metrics
+    errors: list[RewardError] = field(default_factory=list)
+
+
+class RewardSet:
+    """The configured rewards, combined into one weighted score per completion.
+
+    With ``on_error="raise"`` a failing reward raises :class:`RewardError` naming the reward
+    and the sample (its ``source`` and the start of the completion), the original exception
+    chained. With ``on_error="zero"`` the failing batch is re-scored one completion at a
+    time so only the completions that fail get 0; each counts in ``reward/errors``.
+    A reward returning the wrong number of scores, or a value that is not a finite number or
+    ``None``, is a failure like an exception.
+    """
+
+    def __init__(self, terms: Sequence[RewardTerm], *, on_error: OnError = "raise") -> None:
+        if on_error not in ("raise", "zero"):
+            raise ValueError(f"on_error must be 'raise' or 'zero', got {on_error!r}")
+        seen: set[str] = set()
+        for term in terms:
+            if term.name in seen:
+                raise ConfigError(
+                    [f"rewards.components: reward {term.name!r} is listed twice; combine the "
+                     "entries into one (weights add up) or register a second name"]
+                )
+            seen.add(term.name)
+        self.terms = list(terms)
+        self.on_error: OnError = on_error
+
+    @classmethod
+    def from_config(cls, config: RunConfig, registry: Registry) -> RewardSet:
+        """Build every ``[[rewards.components]]`` entry of ``config`` with its options.
+
+        Names with ``:`` are loaded with :func:`load_callable` and adapted by
+        :func:`as_reward`; other names are looked up among the registered rewards.
+        """
+        if not config.rewards.components:
+            raise ConfigError(
+                ["rewards.components: no reward is configured; add at least one entry, e.g. "
+                 '[[rewards.components]] name = "math"']
+            )
+        terms = []
+        for entry, options in config.reward_configs(registry):
+            if is_callable_path(entry.name):
+                reward = as_reward(load_callable(entry.name), name=entry.name)
+            else:
+                reward = registry.get("reward", entry.name).build(options)
+            terms.append(RewardTerm(entry.name, reward, entry.weight))
+        return cls(terms, on_error=config.rewards.on_error)
+
+    @property
+    def names(self) -> list[str]:
+        """Reward names in config order."""
+        return [t.name for t in self.terms]
+
+    def score(self, completions: Sequence[str], samples: Sequence[Sample]) -> RewardScores:
+        """Score ``completions[i]`` as an answer to ``samples[i]`` with every reward."""
+        if len(completions) != len(samples):
+            raise ValueError(
+                f"score() got {len(completions)} completions but {len(samples)} samples; "
+                "pass one sample per completion (repeat a prompt's sample for each of its "
+                "completions)"
+            )
+        errors: list[RewardError] = []
+        components = {t.name: self._score_term(t, completions, samples, errors) for t in self.terms}
+        totals = [
+            math.fsum(t.weight * (components[t.name][i] or 0.0) for t in self.terms)
+            for i in range(len(completions))
+        ]
+        return RewardScores(totals, components, _metrics(totals, components, errors), errors)
+
+    def _score_term(
+        self,
+        term: RewardTerm,
+        completions: Sequence[str],
+        samples: Sequence[Sample],
+        errors: list[RewardError],
+    ) -> list[float | None]:
+        try:
+            return _checked(term.name, term.reward(completions, samples), len(completions))
+        except Exception as exc:
+            batch_error = exc
+        if isinstance(batch_error, RewardLengthError) and self.on_error == "raise":
+            raise batch_error
+        if len(completions) == 1:
+            return [self._failed(term.name, samples[0], completions[0], batch_error, errors)]
+        values: list[float | None] = []
+        failures_before = len(errors)
+        for completion, sample in zip(completions, samples, strict=True):
+            try:
+                values += _checked(term.name, term.reward([completion], [sample]), 1)
+            except Exception as exc:
+                values.append(self._failed(term.name, sample, completion, exc, errors))
+        failed = len(errors) - failures_before
+        if failed:
+            logger.warning(
+                "reward %r failed on %d of %d completions, scored 0 (rewards.on_error = "
+                '"zero"); first failure: %s', term.name, failed, len(completions),
+                errors[failures_before],
+            )
+            return values
+        message = (
+            f"reward {term.name!r} failed on a batch of {len(completions)} completions but "
+            f"succeeded on each one alone: {type(batch_error).__name__}: {batch_error}"
+        )
+        if self.on_error == "raise":
+            raise RewardError(message, reward=term.name) from batch_error
+        logger.warning("%s; using the one-by-one scores", message)
+        return values
+
+    def _failed(
+        self, name: str, sample: Sample, completion: str, exc: Exception, errors: list[RewardError]
+    ) -> float:
+        """Raise (``on_error="raise"``) or record the failure and return the score 0."""
+        error = _sample_error(name, sample, completion, exc, raising=self.on_error == "raise")
+        if self.on_error == "raise":
+            raise error from exc
+        error.__cause__ = exc
+        errors.append(error)
+        return 0.0
+
+
+def _checked(name: str, values: Any, expected: int) -> list[float | None]:
+    """Validate a reward's return value: ``expected`` finite numbers or ``None``."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise RewardError(
+            f"reward {name!r} returned {type(values).__name__}, expected a list of "
+            f"{expected} scores (float or None)",
+            reward=name,
+        )
+    values = list(values)
+    if len(values) != expected:
+        raise RewardLengthError(
+            f"reward {name!r} returned {len(values)} scores for {expected} completions; it must "
+            "return exactly one score (or None) per completion",
+            reward=name,
+        )
+    out: list[float | None] = []
+    for value in values:
+        if value is None:
+            out.append(None)
+            continue
+        number = None if isinstance(value, (str, bytes)) else _as_float(value)
+        if number is None or not math.isfinite(number):
+            raise RewardError(
+                f"reward {name!r} returned {value!r} as a score; a score must be a finite "
+                "number, or None when the reward does not apply",
+                reward=name,
+            )
+        out.append(number)
+    return out
+
+
+def _as_float(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _sample_error(
+    name: str, sample: Sample, completion: str, exc: BaseException, *, raising: bool
+) -> RewardError:
+    source = sample.source or "<sample without source>"
+    preview = completion[:COMPLETION_PREVIEW_CHARS]
+    if isinstance(exc, RewardError):
+        detail = str(exc).removeprefix(f"reward {name!r} ")
+    else:
+        detail = f"{type(exc).__name__}: {exc}"
+    message = (
+        f"reward {name!r} failed on sample {source}: {detail}\n"
+        f"  completion (first {COMPLETION_PREVIEW_CHARS} chars): {preview!r}"
+    )
+    if raising:
+        message += (
+            '\n  Fix the reward, or set rewards.on_error = "zero" to score failing '
+            "completions 0 and go on."
+        )
+    return RewardError(
+        message,
+        reward=name,
+        source=sample.source,
+        completion=preview,
+    )
+
+
+def _metrics(
+    totals: Sequence[float],
+    components: dict[str, list[float | None]],
+    errors: Sequence[RewardError],
+) -> Metrics:
+    metrics: Metrics = {"reward/errors": float(len(errors))}
+    if totals:
+        metrics["reward/mean"] = statistics.fmean(totals)
+        metrics["reward/std"] = statistics.pstdev(totals)
+    for name, values in components.items():
+        present = [v for v in values if v is not None]
+        metrics[f"reward/{name}/coverage"] = len(present) / len(values) if values else 0.0
+        if present:
+            metrics[f"reward/{name}/mean"] = statistics.fmean(present)
+            metrics[f"reward/{name}/std"] = statistics.pstdev(present)
+    return metrics
+
+
+__all__ = ["RewardScores", "RewardSet", "RewardTerm"]
