@@ -142,8 +142,8 @@ def reasonctl_backend(model_dir: Path, out: Path, *, values: dict[str, Any]) -> 
     ``values`` are config sections merged over the defaults used by every benchmark.
     """
     from reasonctl.core.config import deep_merge, load_config
-    from reasonctl.core.context import RunContext
     from reasonctl.core.plugins import PluginHost
+    from reasonctl.core.protocols import RunContext
 
     host = PluginHost.load()
     base = {

@@ -139,8 +139,8 @@ def run_backend(name: str, model_dir: Path, args: argparse.Namespace,
                 batch: dict[str, torch.Tensor], out: Path) -> dict[str, Any]:
     """Train with one backend and collect what the comparison needs."""
     from reasonctl.core.config import load_config
-    from reasonctl.core.context import RunContext
     from reasonctl.core.plugins import PluginHost
+    from reasonctl.core.protocols import RunContext
 
     host = PluginHost.load()
     values = {

@@ -6,14 +6,26 @@ The public API::
     config = reasonctl.load_config("grpo.toml", overrides=["train.lr=1e-6"])
     result = reasonctl.run(config, rewards=[my_reward_fn])
 
-Plugins implement hooks marked with :data:`hookimpl`; see :mod:`reasonctl.core.hookspecs`
-and :mod:`reasonctl.core.protocols`. Importing this package does not import torch.
+Plugins implement hooks marked with :data:`hookimpl` (:mod:`reasonctl.core.hookspecs`) and
+build components that satisfy the Protocols of :mod:`reasonctl.core.protocols`; the
+plugin author's guide is ``docs/plugins.md``. Algorithm plugins get the run's parts in the
+:class:`RunContext` and the building blocks exported here: prompt sampling and scoring
+(:func:`sample_groups`), training rows and padded batches (:func:`policy_rows`,
+:func:`collate_policy_rows`, :func:`collate`), the clipped policy loss
+(:func:`policy_loss`), data order and per-rank sharding (:class:`EpochSampler`,
+:class:`BatchLayout`, :func:`shard`). Everything else under ``reasonctl.*`` is internal
+and may change.
+
+Importing this package does not import torch; the building blocks that need it are
+loaded on first use.
 """
 
 from __future__ import annotations
 
-from importlib import metadata
+from importlib import import_module, metadata
+from typing import TYPE_CHECKING, Any
 
+from reasonctl.core.callables import as_reward, batched
 from reasonctl.core.config import RunConfig
 from reasonctl.core.errors import (
     ConfigError,
@@ -22,20 +34,113 @@ from reasonctl.core.errors import (
     MissingDependencyError,
     PluginLoadError,
     ReasonctlError,
+    RewardError,
     UnknownComponentError,
     require,
 )
 from reasonctl.core.plugins import PluginHost, hookimpl
+from reasonctl.core.protocols import (
+    Algorithm,
+    Backend,
+    Dataset,
+    Logger,
+    Needs,
+    Processor,
+    Reward,
+    RolloutEngine,
+    RunContext,
+    Storage,
+    TokenOutputs,
+)
+from reasonctl.core.reward_set import RewardScores, RewardSet
 from reasonctl.core.runner import RunResult
 from reasonctl.core.types import (
     Completion,
     ContentPart,
     Message,
+    Metrics,
+    ModelSource,
+    PolicyBatch,
     RolloutGroup,
     Sample,
     SamplingParams,
+    TrainBatch,
 )
 from reasonctl.sdk.api import get_component, list_components, load_config, plugin_host, run
+
+if TYPE_CHECKING:
+    from reasonctl.algorithms.grpo_loss import (
+        PolicyLossSettings,
+        group_advantages,
+        policy_loss,
+    )
+    from reasonctl.algorithms.policy_batch import (
+        PolicyRow,
+        chunked,
+        collate_policy_rows,
+        policy_rows,
+        store_completion_logprobs,
+    )
+    from reasonctl.algorithms.rollouts import (
+        has_variance,
+        mix_seed,
+        reward_metrics,
+        sample_groups,
+        sampling_params,
+        step_seed,
+        sync_engine_weights,
+    )
+    from reasonctl.algorithms.sampling import BatchLayout, EpochSampler
+    from reasonctl.data.datasets import ListDataset, shard
+    from reasonctl.data.processing import ChatProcessor, EncodedSample, collate
+    from reasonctl.data.prompting import layout_mcq
+    from reasonctl.evaluation.scoring import EvalReport, score_samples
+
+_LAZY: dict[str, str] = {
+    # RL building blocks (torch)
+    "PolicyLossSettings": "reasonctl.algorithms.grpo_loss",
+    "group_advantages": "reasonctl.algorithms.grpo_loss",
+    "policy_loss": "reasonctl.algorithms.grpo_loss",
+    "PolicyRow": "reasonctl.algorithms.policy_batch",
+    "chunked": "reasonctl.algorithms.policy_batch",
+    "collate_policy_rows": "reasonctl.algorithms.policy_batch",
+    "policy_rows": "reasonctl.algorithms.policy_batch",
+    "store_completion_logprobs": "reasonctl.algorithms.policy_batch",
+    "has_variance": "reasonctl.algorithms.rollouts",
+    "mix_seed": "reasonctl.algorithms.rollouts",
+    "reward_metrics": "reasonctl.algorithms.rollouts",
+    "sample_groups": "reasonctl.algorithms.rollouts",
+    "sampling_params": "reasonctl.algorithms.rollouts",
+    "step_seed": "reasonctl.algorithms.rollouts",
+    "sync_engine_weights": "reasonctl.algorithms.rollouts",
+    # data order, sharding, encoding
+    "BatchLayout": "reasonctl.algorithms.sampling",
+    "EpochSampler": "reasonctl.algorithms.sampling",
+    "ListDataset": "reasonctl.data.datasets",
+    "shard": "reasonctl.data.datasets",
+    "ChatProcessor": "reasonctl.data.processing",
+    "EncodedSample": "reasonctl.data.processing",
+    "collate": "reasonctl.data.processing",
+    "layout_mcq": "reasonctl.data.prompting",
+    # evaluation
+    "EvalReport": "reasonctl.evaluation.scoring",
+    "score_samples": "reasonctl.evaluation.scoring",
+}
+"""Public names whose modules import torch, loaded on first access."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'reasonctl' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 try:
     __version__ = metadata.version("reasonctl")
@@ -43,28 +148,73 @@ except metadata.PackageNotFoundError:  # running from a source tree without inst
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "Algorithm",
+    "Backend",
+    "BatchLayout",
+    "ChatProcessor",
     "Completion",
     "ConfigError",
     "ContentPart",
     "DataError",
+    "Dataset",
     "DuplicateComponentError",
+    "EncodedSample",
+    "EpochSampler",
+    "EvalReport",
+    "ListDataset",
+    "Logger",
     "Message",
+    "Metrics",
     "MissingDependencyError",
+    "ModelSource",
+    "Needs",
     "PluginHost",
     "PluginLoadError",
+    "PolicyBatch",
+    "PolicyLossSettings",
+    "PolicyRow",
+    "Processor",
     "ReasonctlError",
+    "Reward",
+    "RewardError",
+    "RewardScores",
+    "RewardSet",
+    "RolloutEngine",
     "RolloutGroup",
     "RunConfig",
+    "RunContext",
     "RunResult",
     "Sample",
     "SamplingParams",
+    "Storage",
+    "TokenOutputs",
+    "TrainBatch",
     "UnknownComponentError",
     "__version__",
+    "as_reward",
+    "batched",
+    "chunked",
+    "collate",
+    "collate_policy_rows",
     "get_component",
+    "group_advantages",
+    "has_variance",
     "hookimpl",
+    "layout_mcq",
     "list_components",
     "load_config",
+    "mix_seed",
     "plugin_host",
+    "policy_loss",
+    "policy_rows",
     "require",
+    "reward_metrics",
     "run",
+    "sample_groups",
+    "sampling_params",
+    "score_samples",
+    "shard",
+    "step_seed",
+    "store_completion_logprobs",
+    "sync_engine_weights",
 ]

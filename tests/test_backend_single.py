@@ -16,9 +16,9 @@ from reasonctl.backends.optim import lr_multiplier
 from reasonctl.backends.single import SingleDeviceBackend
 from reasonctl.backends.token_logprobs import chunked_token_logprobs
 from reasonctl.core.config import RunConfig
-from reasonctl.core.context import RunContext
 from reasonctl.core.lifecycle import LifecycleHooks
 from reasonctl.core.plugins import PluginHost
+from reasonctl.core.protocols import RunContext
 from reasonctl.data.processing import EncodedSample, collate
 from reasonctl.models.loading import (
     ModelLoadError,

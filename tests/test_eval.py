@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from reasonctl.core.types import ContentPart, Message, Sample
-from reasonctl.evaluation import parse_and_score
+from reasonctl.evaluation.scoring import parse_and_score
 
 
 def _sample(reference: Any = None, **meta: Any) -> Sample:
@@ -78,7 +78,8 @@ def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 def test_eval_writes_predictions_and_scores_them(lively_model_dir: Path, tmp_path: Path) -> None:
     from reasonctl.core.plugins import PluginHost
-    from reasonctl.evaluation import evaluate, write_report
+    from reasonctl.evaluation.scoring import write_report
+    from reasonctl.evaluation.standalone import evaluate
     from reasonctl.sdk.api import load_config
 
     registry = PluginHost.load().registry
@@ -143,7 +144,7 @@ def test_eval_cli_reports_missing_data_as_an_error(tiny_model_dir: Path, tmp_pat
 def test_infer_streams_the_greedy_completion(tiny_model_dir: Path) -> None:
     from reasonctl.core.plugins import PluginHost
     from reasonctl.core.types import SamplingParams
-    from reasonctl.evaluation import load_engine
+    from reasonctl.evaluation.standalone import load_engine
     from reasonctl.sdk.api import load_config
 
     result = CliRunner().invoke(_app(), [

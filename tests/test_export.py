@@ -44,7 +44,7 @@ def train_and_export(
     class Data:
         @hookimpl
         def register_datasets(self, register: Any) -> None:
-            from reasonctl.core.datasets import as_dataset
+            from reasonctl.data.datasets import as_dataset
 
             register("probe-data", lambda _cfg, **_: as_dataset(samples))
 

@@ -188,7 +188,7 @@ def test_quickstart_reward_rises_and_export_beats_the_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from reasonctl.core.plugins import PluginHost
-    from reasonctl.evaluation import evaluate
+    from reasonctl.evaluation.standalone import evaluate
 
     monkeypatch.chdir(REPO)
     out = tmp_path / "quickstart"
@@ -214,8 +214,8 @@ def test_quickstart_reward_rises_and_export_beats_the_start(
 
 
 def test_mcq_layout_writes_lettered_options_once() -> None:
-    from reasonctl.algorithms.prompting import layout_mcq, option_lines
     from reasonctl.core.types import ContentPart, Message
+    from reasonctl.data.prompting import layout_mcq, option_lines
 
     assert option_lines({"A": "cat", "B": " dog "}) == "A. cat\nB. dog"
     video = ContentPart("video", path="clip.mp4")

@@ -13,10 +13,9 @@ from typing import Any
 import pytest
 
 from reasonctl.core.config import RunConfig, load_config
-from reasonctl.core.context import RunContext
 from reasonctl.core.errors import ConfigError
 from reasonctl.core.plugins import PluginHost, hookimpl
-from reasonctl.core.protocols import Logger
+from reasonctl.core.protocols import Logger, RunContext
 
 STAND_IN = "loggers-test"
 

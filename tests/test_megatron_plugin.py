@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from reasonctl.core.config import load_config
-from reasonctl.core.context import RunContext
 from reasonctl.core.errors import ConfigError, MissingDependencyError, ReasonctlError
 from reasonctl.core.plugins import PluginHost
+from reasonctl.core.protocols import RunContext
 
 
 def test_registered_with_a_typed_config_section() -> None:

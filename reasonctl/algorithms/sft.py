@@ -13,55 +13,64 @@ import time
 from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from reasonctl.algorithms.sampling import BatchLayout, EpochSampler
-from reasonctl.core.context import RunContext
 from reasonctl.core.errors import ConfigError, DataError
-from reasonctl.core.protocols import Backend, Dataset, TokenOutputs
+from reasonctl.core.protocols import (
+    Backend,
+    Dataset,
+    Processor,
+    ReportsEfficiency,
+    ReportsMemory,
+    RunContext,
+    TokenOutputs,
+)
 from reasonctl.core.types import Metrics
-from reasonctl.data.processing import ChatProcessor, EncodedSample, collate
-from reasonctl.models.loading import model_source
+from reasonctl.data.processing import EncodedSample, collate
 
-PROCESSOR_STATE_KEY = "processor"
-"""``ctx.state`` key of the :class:`ChatProcessor` the algorithm built."""
+
+class SFTConfig(BaseModel):
+    """``[algorithm.sft]``: options of supervised fine-tuning."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    loss_reduction: Literal["token", "sample"] = Field(
+        default="token",
+        description="token: mean over all target tokens of the global batch; sample: mean "
+        "over samples of each sample's mean token loss.",
+    )
 
 
 class SFTAlgorithm:
     """The SFT step (implements the ``Algorithm`` protocol).
 
-    ``loss_reduction = "token"`` averages over all target tokens of the global batch;
-    ``"sample"`` first averages within each sample, then over the samples that have
-    targets, so long answers do not dominate.
+    It uses the runner's default parts (the chat processor and the training dataset), so it
+    declares no ``needs()``. ``loss_reduction = "token"`` averages over all target tokens of
+    the global batch; ``"sample"`` first averages within each sample, then over the samples
+    that have targets, so long answers do not dominate.
     """
 
-    def __init__(self, loss_reduction: Literal["token", "sample"] = "token") -> None:
-        self.loss_reduction = loss_reduction
-        self.processor: ChatProcessor | None = None
+    def __init__(self, config: SFTConfig | None = None) -> None:
+        self.loss_reduction = (config or SFTConfig()).loss_reduction
+        self.processor: Processor | None = None
         self.dataset: Dataset | None = None
         self.sampler: EpochSampler | None = None
         self.layout: BatchLayout | None = None
         self.skipped_samples = 0
         self.truncated_samples = 0
-        self._dataset_skipped_rows = 0
 
     # --- set-up ---------------------------------------------------------------------------
 
     def setup(self, ctx: RunContext) -> None:
-        """Build the processor and dataset, the data order and ``ctx.total_steps``."""
+        """Take the run's processor and dataset; set the data order and ``ctx.total_steps``."""
         backend = _backend(ctx)
         config = ctx.config
-        source = model_source(ctx)
-        self.processor = ChatProcessor.from_pretrained(
-            source.tokenizer_dir,
-            max_length=config.model.max_length,
-            system_prompt=config.data.system_prompt,
-            trust_remote_code=config.model.trust_remote_code,
-        )
-        ctx.state[PROCESSOR_STATE_KEY] = self.processor
-        self.dataset = ctx.build_dataset()
+        if ctx.processor is None or ctx.dataset is None:
+            raise RuntimeError("SFT needs the run's processor and dataset; the runner builds them")
+        self.processor = ctx.processor
+        self.dataset = ctx.dataset
         size = len(self.dataset)
-        if config.data.max_samples is not None:
-            size = min(size, config.data.max_samples)
         if size == 0:
             raise ConfigError([f"data.format = {config.data.format!r}: the dataset is empty"])
         self.layout = BatchLayout.from_train(config.train, backend.world_size)
@@ -84,8 +93,6 @@ class SFTAlgorithm:
                 "through a dense mask over each packed row (quadratic in the row length); "
                 "use 'flash_attention_2' for packing or set data.packing = false"
             )
-        self._dataset_skipped_rows = int(getattr(self.dataset, "skipped_rows", 0) or 0)
-        self._publish_skipped(ctx)
         layout = self.layout
         ctx.info(
             f"sft: {size} samples, {total} steps, global batch {global_batch} = "
@@ -122,7 +129,7 @@ class SFTAlgorithm:
         elapsed = time.perf_counter() - started
         self.truncated_samples += totals["truncated"]
         self.skipped_samples += totals["skipped"]
-        self._publish_skipped(ctx)
+        ctx.skipped_rows += totals["skipped"]
         metrics: Metrics = {
             "loss": result["loss"],
             "lr": result["lr"],
@@ -190,14 +197,14 @@ class SFTAlgorithm:
 
     def _efficiency(self, backend: Backend, totals: dict[str, int], elapsed: float) -> Metrics:
         out: Metrics = {}
-        peak = getattr(backend, "peak_flops", lambda: None)()
-        if peak and elapsed > 0 and totals["samples"]:
-            mean_len = totals["input_tokens"] / totals["samples"]
-            flops = backend.training_flops(totals["input_tokens"], mean_len)  # type: ignore[attr-defined]
-            out["mfu"] = flops / (elapsed * peak * backend.world_size)
-        memory = getattr(backend, "memory_metrics", None)
-        if memory is not None:
-            out.update(memory())
+        if isinstance(backend, ReportsEfficiency):
+            peak = backend.peak_flops()
+            if peak and elapsed > 0 and totals["samples"]:
+                mean_len = totals["input_tokens"] / totals["samples"]
+                flops = backend.training_flops(totals["input_tokens"], mean_len)
+                out["mfu"] = flops / (elapsed * peak * backend.world_size)
+        if isinstance(backend, ReportsMemory):
+            out.update(backend.memory_metrics())
         return out
 
     # --- state ----------------------------------------------------------------------------
@@ -221,10 +228,7 @@ class SFTAlgorithm:
 
     # --- helpers --------------------------------------------------------------------------
 
-    def _publish_skipped(self, ctx: RunContext) -> None:
-        ctx.state["skipped_rows"] = self._dataset_skipped_rows + self.skipped_samples
-
-    def _require(self) -> tuple[EpochSampler, BatchLayout, ChatProcessor]:
+    def _require(self) -> tuple[EpochSampler, BatchLayout, Processor]:
         if self.sampler is None or self.layout is None or self.processor is None:
             raise RuntimeError("SFTAlgorithm.setup(ctx) must run before step/state_dict")
         return self.sampler, self.layout, self.processor

@@ -31,8 +31,7 @@ from reasonctl.backends.export import DEFAULT_MAX_SHARD_SIZE, save_hf_export
 from reasonctl.backends.perf import peak_flops, training_flops
 from reasonctl.backends.reference import ReferenceWeights
 from reasonctl.backends.token_logprobs import TokenLogprobModel, TokenLogprobs
-from reasonctl.core.context import RunContext
-from reasonctl.core.protocols import LossFn
+from reasonctl.core.protocols import LossFn, RunContext
 from reasonctl.core.types import Metrics
 from reasonctl.models.loading import ModelSource, ParameterCounts, checkpoint_dtype
 
@@ -73,7 +72,6 @@ class TorchBackend:
         """Build the model, optimizer and schedule (see :meth:`build`)."""
         self.ctx = ctx
         self.build(ctx)
-        ctx.state["backend_parameters"] = self.parameter_counts
         ctx.info(f"model {ctx.config.model.name_or_path}: {self.parameter_counts.describe()} "
                  f"on {self.device} x{self.world_size}")
 

@@ -46,14 +46,14 @@ from reasonctl.backends.export import tied_parameter_groups
 from reasonctl.backends.optim import build_optimizer, build_scheduler
 from reasonctl.backends.tensor_parallel import parallelize_blocks
 from reasonctl.backends.token_logprobs import TokenLogprobModel
-from reasonctl.core.context import RunContext
 from reasonctl.core.errors import ConfigError, ReasonctlError
+from reasonctl.core.protocols import RunContext
 from reasonctl.models.loading import (
     apply_trainable_patterns,
     compute_dtype,
     enable_gradient_checkpointing,
+    ensure_model_source,
     load_pretrained,
-    model_source,
 )
 
 POLICY_PREFIX = "hf_model."
@@ -99,9 +99,9 @@ class FSDPBackend(TorchBackend):
         # rank 0 resolves first (creates the tiny model, downloads remote weights) so the
         # other ranks find a finished local directory
         if self.is_main:
-            self.source = model_source(ctx)
+            self.source = ensure_model_source(ctx)
         dist.barrier()
-        self.source = model_source(ctx)
+        self.source = ensure_model_source(ctx)
         on_meta = self.rank != 0
         hf_model = load_pretrained(self.source.model_dir, config.model,
                                    param_dtype=torch.float32, device="cpu", on_meta=on_meta)

@@ -15,14 +15,14 @@ from reasonctl.backends.distributed import resolve_device
 from reasonctl.backends.export import tied_parameter_groups
 from reasonctl.backends.optim import build_optimizer, build_scheduler
 from reasonctl.backends.token_logprobs import TokenLogprobModel
-from reasonctl.core.context import RunContext
 from reasonctl.core.errors import ReasonctlError
+from reasonctl.core.protocols import RunContext
 from reasonctl.models.loading import (
     apply_trainable_patterns,
     compute_dtype,
     enable_gradient_checkpointing,
+    ensure_model_source,
     load_pretrained,
-    model_source,
 )
 
 
@@ -55,7 +55,7 @@ class SingleDeviceBackend(TorchBackend):
             torch.cuda.set_device(self.device)
         self.compute_dtype = compute_dtype(config.model.dtype, self.device)
         param_dtype = torch.float32 if self.param_dtype_mode == "float32" else self.compute_dtype
-        self.source = model_source(ctx)
+        self.source = ensure_model_source(ctx)
         hf_model = load_pretrained(self.source.model_dir, config.model, param_dtype=param_dtype,
                                    device=self.device)
         self.parameter_counts = apply_trainable_patterns(

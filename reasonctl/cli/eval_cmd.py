@@ -38,7 +38,8 @@ def eval_command(
     from rich.console import Console
 
     from reasonctl.cli import common
-    from reasonctl.evaluation import accuracy_table, evaluate, write_report
+    from reasonctl.evaluation.scoring import accuracy_table, write_report
+    from reasonctl.evaluation.standalone import evaluate
 
     run_config = common.load(config, set_, values={})
     report = evaluate(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -25,8 +25,9 @@ def infer_command(
     """
     from reasonctl.cli import common
     from reasonctl.core.errors import DataError
+    from reasonctl.core.protocols import StreamsText
     from reasonctl.core.types import ContentPart, Message, Sample, SamplingParams
-    from reasonctl.evaluation import load_engine
+    from reasonctl.evaluation.standalone import load_engine
 
     parts: list[ContentPart] = []
     for kind, path in (("image", image), ("video", video)):
@@ -39,7 +40,11 @@ def infer_command(
     engine, processor = load_engine(model, run_config, common.host().registry)
     encoded = processor.encode_prompt(Sample([Message("user", parts)], source="--prompt"))
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    for piece in engine.stream({"input_ids": encoded.input_ids, **encoded.extras}, params):
+    if isinstance(engine, StreamsText):
+        pieces: Any = engine.stream(encoded.as_prompt(), params)
+    else:
+        pieces = [engine.generate([encoded.as_prompt()], params)[0][0].text]
+    for piece in pieces:
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")

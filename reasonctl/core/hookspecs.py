@@ -12,12 +12,23 @@ component records its owner. Its signature is::
 
     register(name, factory, *, config_model=None, description="")
 
-``factory`` builds the component; it is called with the component's validated config
-(an instance of ``config_model``, or ``None`` without one). ``config_model`` is a pydantic
-model; its fields become the typed config section of the component (``[algorithm.<name>]``,
-``[backend.<name>]``, ``[data.<name>]``, ``[rollout.<name>]``, ``[logging.<name>]``, extra
-keys of a ``[[rewards]]`` entry, ``[storage.<name>]``). Registering a name that another
-plugin already registered for the same kind is an error naming both plugins.
+``config_model`` is a pydantic model; its fields become the typed config section of the
+component (``[algorithm.<name>]``, ``[backend.<name>]``, ``[data.<name>]``,
+``[rollout.<name>]``, ``[logging.<name>]``, ``[storage.<name>]``, or the extra keys of a
+``[[rewards.components]]`` entry); unknown keys are rejected even when the model allows
+extras. ``description`` defaults to the first line of the factory's docstring.
+
+Every factory has the same signature, checked when it is registered::
+
+    factory(config)              # or
+    factory(config, *, ctx)      # opt-in: also receives the run's RunContext
+
+``config`` is the validated instance of ``config_model`` (``None`` without one); ``ctx`` is
+the :class:`~reasonctl.core.protocols.RunContext` of the run (for rewards and storage built
+outside a run, e.g. by ``reasonctl rewards`` or an upload command, a context without a
+backend). The object returned must satisfy the kind's Protocol in
+:mod:`reasonctl.core.protocols`; it is checked when built. Two plugins registering one name
+for one kind make the name unavailable until one is disabled.
 
 Implementations may accept fewer arguments than a spec lists: pluggy passes arguments by
 name, so new arguments can be added to a spec without breaking existing plugins.
@@ -32,7 +43,7 @@ import pluggy
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from reasonctl.core.context import RunContext
+    from reasonctl.core.protocols import RunContext
     from reasonctl.core.registry import Registrar
     from reasonctl.core.types import Metrics
 
@@ -46,8 +57,10 @@ hookspec = pluggy.HookspecMarker("reasonctl")
 def register_datasets(register: Registrar) -> None:
     """Register dataset formats (``data.format``).
 
-    The factory is called with the format's config and returns a
-    :class:`~reasonctl.core.protocols.Dataset`. Example::
+    The factory returns a :class:`~reasonctl.core.protocols.Dataset`; its ``config_model``
+    is validated under ``[data.<name>]``. Take ``ctx`` to read ``ctx.config.data.on_bad_row``
+    (the runner applies ``max_samples``, ``system_prompt`` and ``prompt_template`` to every
+    format). Example::
 
         register("csv_qa", CsvQaDataset, config_model=CsvQaConfig)
     """
@@ -55,10 +68,10 @@ def register_datasets(register: Registrar) -> None:
 
 @hookspec
 def register_rewards(register: Registrar) -> None:
-    """Register reward functions (``[[rewards]] name = ...``).
+    """Register reward functions (``[[rewards.components]] name = ...``).
 
-    The factory is called with the reward's config (the extra keys of its ``[[rewards]]``
-    entry, validated by ``config_model``) and returns a batched
+    The factory is called with the reward's config (the extra keys of its
+    ``[[rewards.components]]`` entry, validated by ``config_model``) and returns a batched
     :class:`~reasonctl.core.protocols.Reward`.
     """
 
@@ -68,7 +81,9 @@ def register_algorithms(register: Registrar) -> None:
     """Register training algorithms (``--algo`` / ``algorithm.name``).
 
     The factory returns an :class:`~reasonctl.core.protocols.Algorithm`; its
-    ``config_model`` is validated under ``[algorithm.<name>]``.
+    ``config_model`` is validated under ``[algorithm.<name>]``. The algorithm declares the
+    parts it uses with ``needs()`` (:class:`~reasonctl.core.protocols.Needs`); the runner
+    builds them before calling ``setup``.
     """
 
 
@@ -77,7 +92,8 @@ def register_backends(register: Registrar) -> None:
     """Register parallelism backends (``--backend`` / ``backend.name``).
 
     The factory returns a :class:`~reasonctl.core.protocols.Backend`; its ``config_model``
-    is validated under ``[backend.<name>]``.
+    is validated under ``[backend.<name>]``. The runner calls ``backend.setup(ctx)`` before
+    building anything else.
     """
 
 
@@ -86,7 +102,8 @@ def register_storage(register: Registrar) -> None:
     """Register storage by URI scheme (``file``, ``s3``, ``hf`` ...).
 
     The registered name is the scheme; the factory returns a
-    :class:`~reasonctl.core.protocols.Storage`.
+    :class:`~reasonctl.core.protocols.Storage`; its ``config_model`` is validated under
+    ``[storage.<scheme>]``.
     """
 
 
@@ -94,8 +111,11 @@ def register_storage(register: Registrar) -> None:
 def register_rollout_engines(register: Registrar) -> None:
     """Register rollout engines (``rollout.engine``).
 
-    The factory is called with the engine's config and returns a
-    :class:`~reasonctl.core.protocols.RolloutEngine` after ``engine.setup(ctx, model)``.
+    The factory takes ``ctx`` (the backend is set up and ``ctx.model_source`` resolved) and
+    returns a :class:`~reasonctl.core.protocols.RolloutEngine` ready to generate; its
+    ``config_model`` is validated under ``[rollout.<name>]``. The runner builds the engine
+    for algorithms that need one and for periodic evaluation; ``reasonctl eval`` builds it
+    the same way.
     """
 
 
@@ -103,8 +123,8 @@ def register_rollout_engines(register: Registrar) -> None:
 def register_loggers(register: Registrar) -> None:
     """Register metric loggers (``logging.loggers = [...]``).
 
-    The factory is called with the logger's config and the run context and returns a
-    :class:`~reasonctl.core.protocols.Logger`.
+    The factory takes ``ctx`` (for ``ctx.output_dir`` and the config) and returns a
+    :class:`~reasonctl.core.protocols.Logger`; loggers are built on the main rank only.
     """
 
 

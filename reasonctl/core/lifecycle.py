@@ -18,8 +18,8 @@ from reasonctl.core.types import Metrics
 class LifecycleHooks:
     """Typed facade over the lifecycle hooks so core code type-checks."""
 
-    def __init__(self, pm: pluggy.PluginManager) -> None:
-        self._hook = pm.hook
+    def __init__(self, pm: pluggy.PluginManager | None) -> None:
+        self._hook = pm.hook if pm is not None else _Silent()
 
     def on_run_start(self, ctx: Any) -> None:
         """Fire ``on_run_start``."""
@@ -36,3 +36,10 @@ class LifecycleHooks:
     def on_run_end(self, ctx: Any, status: str, error: BaseException | None) -> None:
         """Fire ``on_run_end``."""
         self._hook.on_run_end(ctx=ctx, status=status, error=error)
+
+
+class _Silent:
+    """Hook relay of a context outside a run (evaluation, scoring): every hook is a no-op."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda **_: None

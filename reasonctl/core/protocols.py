@@ -1,28 +1,142 @@
-"""The interfaces each component kind implements.
+"""The plugin contract: the run context every component receives and one Protocol per kind.
 
 Together with :mod:`reasonctl.core.hookspecs` this file is the whole surface a plugin author
-needs to read. Components are constructed by the factory they register, which is called
-with the component's validated config section (an instance of the ``config_model`` given
-at registration, or ``None`` when the component registered none) and, for some kinds, the
-:class:`~reasonctl.core.context.RunContext`. Every protocol is structural: no base class
-to inherit.
+needs to read (``docs/plugins.md`` walks through it with examples). It is longer than our
+usual module on purpose: the contract stays in one place.
 
-Torch types appear only in annotations; this module does not import torch.
+**Factories.** A component is built by the factory it registers, called with one positional
+argument, its validated config (an instance of the ``config_model`` given at registration,
+or ``None`` without one). A factory that declares a parameter named ``ctx`` also receives
+the run's :class:`RunContext` as ``ctx=`` (opt-in, like pluggy hook arguments). The built
+object is checked against its kind's Protocol below; a missing member is reported at build
+time, naming it.
+
+**Required and optional.** Each Protocol lists what every component of its kind must have.
+What a component *may* offer is a separate, smaller Protocol (``SupportsReferenceModel``,
+``SharesPolicyWeights`` ...) with the default that applies when it does not; the functions
+at the end of this module (:func:`algorithm_needs`, :func:`shares_policy_weights` ...)
+apply those defaults, so nothing in reasonctl probes components with ``getattr``.
+
+Every protocol is structural: no base class to inherit. Torch types appear only in
+annotations; this module does not import torch.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from reasonctl.core.types import Completion, Metrics, Sample, SamplingParams
+from reasonctl.core.config import RunConfig
+from reasonctl.core.lifecycle import LifecycleHooks
+from reasonctl.core.registry import Registry
+from reasonctl.core.reward_set import RewardSet
+from reasonctl.core.types import (
+    Completion,
+    Metrics,
+    ModelSource,
+    PolicyBatch,
+    Sample,
+    SamplingParams,
+    TrainBatch,
+)
 
 if TYPE_CHECKING:
     import torch
 
-    from reasonctl.core.context import RunContext
+    from reasonctl.core.checkpoint import CheckpointManager
+    from reasonctl.data.processing import EncodedSample
+
+
+# --- the run context ---------------------------------------------------------------------------
+
+
+@dataclass
+class RunContext:
+    """Everything a component may use during a run, built by the runner (the only composer).
+
+    The runner fills the parts in this order: ``backend`` (then ``backend.setup(ctx)``),
+    ``model_source``, then what the algorithm's :class:`Needs` ask for: ``processor``,
+    ``dataset``, ``rewards``, the reference model (inside the backend), ``engine``; and
+    ``evaluator`` when ``[eval]`` asks for periodic evaluation. A part the algorithm did not
+    ask for is ``None``. Algorithms set ``total_steps`` in ``setup``; the runner advances
+    ``step`` after each :meth:`Algorithm.step`.
+
+    ``skipped_rows`` counts malformed data rows skipped under ``data.on_bad_row = "skip"``
+    (the dataset's own count is added by the runner; algorithms add rows they skip while
+    encoding); the run reports it at the end.
+    """
+
+    config: RunConfig
+    registry: Registry
+    hooks: LifecycleHooks
+    output_dir: Path
+    backend: Backend | None = None
+    model_source: ModelSource | None = None
+    processor: Processor | None = None
+    dataset: Dataset | None = None
+    rewards: RewardSet | None = None
+    engine: RolloutEngine | None = None
+    evaluator: Evaluator | None = None
+    checkpoints: CheckpointManager | None = None
+    total_steps: int = 0
+    step: int = 0
+    skipped_rows: int = 0
+    stop_signal: str | None = None
+
+    @property
+    def is_main(self) -> bool:
+        """True on the process that logs, exports and prints (global rank 0)."""
+        if self.backend is not None:
+            return self.backend.is_main
+        return int(os.environ.get("RANK", "0")) == 0
+
+    def info(self, message: str) -> None:
+        """Print a progress message on the main rank (stderr, so stdout stays clean)."""
+        if self.is_main:
+            print(message, file=sys.stderr, flush=True)
+
+    def component_config(self, section: str, name: str) -> Any:
+        """Typed config of component ``name`` under ``[section.name]`` (defaults if absent)."""
+        return self.config.component_config(section, name)
+
+
+# --- what algorithms ask the runner for ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Needs:
+    """The parts of a run an algorithm uses; the runner builds exactly these.
+
+    The default (an algorithm without :meth:`DeclaresNeeds.needs`) is a chat processor and
+    the training dataset, which is what supervised fine-tuning uses. RL algorithms add
+    ``rewards`` and ``rollout_engine``; ``reference_model`` asks the backend for a frozen copy
+    of the starting weights (a backend without :class:`SupportsReferenceModel` then fails at
+    build time). An algorithm that trains on something other than chat data (for instance a
+    diffusion model) sets ``processor = False``.
+    """
+
+    processor: bool = True
+    dataset: bool = True
+    rewards: bool = False
+    rollout_engine: bool = False
+    reference_model: bool = False
+
+
+@runtime_checkable
+class DeclaresNeeds(Protocol):
+    """Optional for algorithms: which parts of the run they use (default: :class:`Needs()`)."""
+
+    def needs(self) -> Needs:
+        """The parts to build; called once, after the algorithm is built, before ``setup``."""
+        ...
+
+
+# --- components ----------------------------------------------------------------------------------
 
 
 @runtime_checkable
@@ -30,11 +144,10 @@ class Dataset(Protocol):
     """A map-style collection of :class:`Sample` objects.
 
     Map-style (``len`` + index) lets the runner shuffle with a seed and resume at an exact
-    position. Formats that skip malformed rows expose how many they skipped in
-    ``skipped_rows`` so the run can report it.
+    position. Factories read the format-independent options they apply from
+    ``ctx.config.data`` (``on_bad_row``); the runner applies ``max_samples``,
+    ``system_prompt`` and ``prompt_template`` itself, to every format alike.
     """
-
-    skipped_rows: int
 
     def __len__(self) -> int:
         """Number of samples."""
@@ -46,12 +159,24 @@ class Dataset(Protocol):
 
 
 @runtime_checkable
+class CountsSkippedRows(Protocol):
+    """Optional for datasets: how many malformed rows were skipped (default 0).
+
+    A format that honours ``data.on_bad_row = "skip"`` exposes the count so the run can
+    report it.
+    """
+
+    skipped_rows: int
+
+
+@runtime_checkable
 class Reward(Protocol):
     """A batched reward function.
 
     Called with the generated texts and the samples they answer (same length). Returns one
     score per completion, or ``None`` for a completion this reward does not apply to (it is
-    then left out of this reward's mean and contributes 0 to the weighted sum).
+    then left out of this reward's mean and contributes 0 to the weighted sum). Plain Python
+    functions are adapted by :func:`reasonctl.as_reward`.
     """
 
     def __call__(self, completions: Sequence[str], samples: Sequence[Sample]) -> list[float | None]:
@@ -59,13 +184,33 @@ class Reward(Protocol):
         ...
 
 
-LossFn = Callable[["TokenOutputs", dict[str, Any]], "tuple[torch.Tensor, Metrics]"]
-"""A loss over one micro-batch: ``loss_fn(outputs, micro_batch) -> (loss, metrics)``.
+@runtime_checkable
+class Processor(Protocol):
+    """The run's tokenizer/processor: chat template, tokenization, vision inputs.
 
-The backend sums the returned losses over all micro-batches and ranks, so a loss function
-normalises by the *global* count it needs (e.g. all loss tokens in the step), which the
-algorithm computes before calling :meth:`Backend.train_step`.
-"""
+    The runner builds one (:class:`reasonctl.ChatProcessor`) from the model's tokenizer
+    directory for algorithms that need it; an algorithm uses it to encode samples.
+    """
+
+    tokenizer: Any
+    max_length: int
+
+    @property
+    def pad_id(self) -> int:
+        """The token id used for padding."""
+        ...
+
+    def encode_sft(self, sample: Sample) -> EncodedSample:
+        """The whole conversation, with the assistant turns as training targets."""
+        ...
+
+    def encode_prompt(self, sample: Sample, *, mcq_layout: bool = True) -> EncodedSample:
+        """The prompt with the generation prompt appended (no targets), options lettered."""
+        ...
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        """Token ids back to text."""
+        ...
 
 
 class TokenOutputs(Protocol):
@@ -80,18 +225,25 @@ class TokenOutputs(Protocol):
     entropy: torch.Tensor | None
 
 
+LossFn = Callable[[TokenOutputs, Any], "tuple[torch.Tensor, Metrics]"]
+"""A loss over one micro-batch: ``loss_fn(outputs, micro_batch) -> (loss, metrics)``.
+
+``micro_batch`` is the :class:`TrainBatch` (or :class:`PolicyBatch`) passed to
+:meth:`Backend.train_step`, moved to the backend's device. The backend sums the returned
+losses over all micro-batches and ranks, so a loss function normalises by the *global*
+count it needs (e.g. all loss tokens in the step), which the algorithm computes before
+calling :meth:`Backend.train_step`.
+"""
+
+
 @runtime_checkable
 class Backend(Protocol):
     """Owns devices, parallelism, the model, the optimizer and distributed state.
 
     Whatever its parallelism (one device, FSDP2, Megatron TP/PP), a backend offers the same
-    operations so algorithms never deal with ranks or sharding.
-
-    A backend may also offer ``generation_model``: a plain (unsharded) Hugging Face module
-    holding the live policy weights that a rollout engine in the same process can call
-    directly, sharing them instead of keeping a copy; ``None`` or absent where the weights
-    are sharded or wrapped (FSDP, Megatron), which engines then copy via
-    :meth:`full_state_dict`.
+    operations so algorithms never deal with sharding. ``rank`` and ``world_size`` are the
+    data-parallel coordinates: algorithms split data by them (tensor- or pipeline-parallel
+    peers share one rank's data); ``is_main`` is the global rank 0.
     """
 
     rank: int
@@ -100,20 +252,24 @@ class Backend(Protocol):
     device: torch.device
 
     def setup(self, ctx: RunContext) -> None:
-        """Initialise process groups, build and shard the model, optimizer and schedule."""
+        """Initialise process groups, build and shard the model, optimizer and schedule.
+
+        May set ``ctx.model_source`` (the runner resolves it otherwise); the model's
+        directory is :func:`reasonctl.resolve_model_source`'s result.
+        """
         ...
 
-    def token_outputs(self, batch: dict[str, Any], *, with_entropy: bool = False,
+    def token_outputs(self, batch: TrainBatch | PolicyBatch, *, with_entropy: bool = False,
                       temperature: float = 1.0) -> TokenOutputs:
         """Per-token log-probs (and optionally entropy) of a batch, without gradients."""
         ...
 
-    def train_step(self, micro_batches: Sequence[dict[str, Any]], loss_fn: LossFn, *,
+    def train_step(self, micro_batches: Sequence[TrainBatch | PolicyBatch], loss_fn: LossFn, *,
                    with_entropy: bool = False, temperature: float = 1.0) -> Metrics:
         """Forward/backward over micro-batches, clip, one optimizer and schedule step.
 
-        Returns metrics including ``grad_norm`` and ``lr`` plus the loss function's metrics
-        averaged over micro-batches.
+        Returns metrics including ``loss``, ``grad_norm`` and ``lr`` plus the loss
+        function's metrics averaged over micro-batches and ranks.
         """
         ...
 
@@ -141,7 +297,7 @@ class Backend(Protocol):
         ...
 
     def all_reduce_mean(self, values: Metrics) -> Metrics:
-        """Average scalar metrics over data-parallel ranks."""
+        """Average scalar metrics over data-parallel ranks (same keys on every rank)."""
         ...
 
     def barrier(self) -> None:
@@ -154,16 +310,76 @@ class Backend(Protocol):
 
 
 @runtime_checkable
+class SupportsReferenceModel(Protocol):
+    """Optional for backends: a frozen reference policy for KL penalties (default: none).
+
+    Without it, an algorithm whose :class:`Needs` ask for ``reference_model`` fails at
+    build time with a message naming the backend.
+    """
+
+    def build_reference_model(self) -> None:
+        """Keep a frozen copy of the current (starting) weights; called before any resume."""
+        ...
+
+    def reference_token_outputs(self, batch: TrainBatch | PolicyBatch, *,
+                                with_entropy: bool = False,
+                                temperature: float = 1.0) -> TokenOutputs:
+        """:meth:`Backend.token_outputs` under the reference weights."""
+        ...
+
+
+@runtime_checkable
+class ProvidesGenerationModel(Protocol):
+    """Optional for backends: the live policy module for a rollout engine in-process.
+
+    ``generation_model`` is a plain (unsharded) Hugging Face module holding the policy
+    weights, or ``None`` where they are sharded or wrapped; ``autocast()`` the context its
+    forward passes run under. Default (a backend without it): engines keep their own copy
+    and are refreshed from :meth:`Backend.full_state_dict`.
+    """
+
+    generation_model: Any
+
+    def autocast(self) -> Any:
+        """The autocast context manager of forward passes."""
+        ...
+
+
+@runtime_checkable
+class ReportsEfficiency(Protocol):
+    """Optional for backends: FLOP counts for the ``mfu`` metric (default: no ``mfu``)."""
+
+    def peak_flops(self) -> float | None:
+        """Peak dense FLOP/s of one device in the compute dtype, ``None`` when unknown."""
+        ...
+
+    def training_flops(self, tokens: int, mean_seq_len: float) -> float:
+        """FLOPs of a forward and backward pass over ``tokens`` tokens."""
+        ...
+
+
+@runtime_checkable
+class ReportsMemory(Protocol):
+    """Optional for backends: device memory metrics added to each step (default: none)."""
+
+    def memory_metrics(self) -> Metrics:
+        """E.g. ``memory/peak_gib``."""
+        ...
+
+
+@runtime_checkable
 class Algorithm(Protocol):
     """The semantics of a training step (SFT batch, GRPO rollout/update, ...).
 
-    The runner calls :meth:`setup` once, then :meth:`step` until ``ctx.total_steps``.
-    ``state_dict``/``load_state_dict`` hold what the algorithm needs to resume exactly
-    (data position, sampler state); model and optimizer state belong to the backend.
+    The runner builds the algorithm, asks it what it needs (:class:`DeclaresNeeds`, optional),
+    builds those parts into the :class:`RunContext`, then calls :meth:`setup` once and
+    :meth:`step` until ``ctx.total_steps``. ``state_dict``/``load_state_dict`` hold what the
+    algorithm needs to resume exactly (data position, sampler state); model and optimizer
+    state belong to the backend.
     """
 
     def setup(self, ctx: RunContext) -> None:
-        """Build datasets, processors and the backend's model; set ``ctx.total_steps``."""
+        """Prepare the data order and step state from the built parts; set ``ctx.total_steps``."""
         ...
 
     def step(self, ctx: RunContext) -> Metrics:
@@ -188,13 +404,43 @@ class RolloutEngine(Protocol):
     ) -> list[list[Completion]]:
         """Sample ``params.n`` completions for each encoded prompt.
 
-        Each prompt is a dict with at least ``input_ids`` (list[int]) and, for VLMs, the
-        processor's vision tensors. Returns one list of completions per prompt.
+        Each prompt is a dict with ``input_ids`` (list[int]) and, for VLMs, the processor's
+        vision tensors (``EncodedSample.as_prompt()`` builds it). Returns one list of
+        completions per prompt, each with its token ids and per-token log-probs.
         """
         ...
 
     def update_weights(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
         """Load new policy weights in place (no reallocation, no disk)."""
+        ...
+
+
+@runtime_checkable
+class SharesPolicyWeights(Protocol):
+    """Optional for engines: ``shares_policy_weights = True`` when the engine generates with
+    the trainer's own module, so weights never need copying (default ``False``: the
+    trainer's weights are loaded with :meth:`RolloutEngine.update_weights` before each
+    rollout, see :func:`reasonctl.sync_engine_weights`)."""
+
+    shares_policy_weights: bool
+
+
+@runtime_checkable
+class StreamsText(Protocol):
+    """Optional for engines: yield one completion's text as it is generated (used by
+    ``reasonctl infer``; default: the whole completion from :meth:`RolloutEngine.generate`)."""
+
+    def stream(self, prompt: dict[str, Any], params: SamplingParams) -> Iterator[str]:
+        """Text pieces of one completion of ``prompt``, in order."""
+        ...
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    """Periodic evaluation the runner performs every ``eval.every_steps`` steps."""
+
+    def evaluate(self, ctx: RunContext) -> Metrics:
+        """Generate and score the evaluation set; ``eval/...`` metrics averaged over ranks."""
         ...
 
 
@@ -233,7 +479,7 @@ class Storage(Protocol):
 
 @runtime_checkable
 class Logger(Protocol):
-    """Receives metrics; only the main rank's loggers are called."""
+    """Receives metrics; only the main rank's loggers are built and called."""
 
     def log(self, metrics: Metrics, step: int) -> None:
         """Record the metrics of ``step``."""
@@ -242,3 +488,76 @@ class Logger(Protocol):
     def close(self) -> None:
         """Flush and release resources at the end of the run."""
         ...
+
+
+PROTOCOLS: dict[str, type] = {
+    "dataset": Dataset,
+    "reward": Reward,
+    "algorithm": Algorithm,
+    "backend": Backend,
+    "storage": Storage,
+    "rollout_engine": RolloutEngine,
+    "logger": Logger,
+}
+"""Component kind -> the Protocol every built component of that kind must satisfy."""
+
+
+# --- optional capabilities with their defaults --------------------------------------------------
+
+
+def algorithm_needs(algorithm: Algorithm) -> Needs:
+    """What ``algorithm`` asks the runner to build (:class:`Needs()` by default)."""
+    if isinstance(algorithm, DeclaresNeeds):
+        needs = algorithm.needs()
+        if not isinstance(needs, Needs):
+            raise TypeError(
+                f"{type(algorithm).__name__}.needs() returned {type(needs).__name__}; return a "
+                "reasonctl.Needs(...)"
+            )
+        return needs
+    return Needs()
+
+
+def shares_policy_weights(engine: RolloutEngine) -> bool:
+    """Whether ``engine`` generates with the trainer's own module (``False`` by default)."""
+    return isinstance(engine, SharesPolicyWeights) and bool(engine.shares_policy_weights)
+
+
+def skipped_rows(dataset: Dataset) -> int:
+    """How many malformed rows ``dataset`` skipped (0 by default)."""
+    return int(dataset.skipped_rows) if isinstance(dataset, CountsSkippedRows) else 0
+
+
+def generation_model(backend: Backend) -> Any:
+    """The backend's live unsharded policy module, or ``None`` (the default)."""
+    return backend.generation_model if isinstance(backend, ProvidesGenerationModel) else None
+
+
+__all__ = [
+    "PROTOCOLS",
+    "Algorithm",
+    "Backend",
+    "CountsSkippedRows",
+    "Dataset",
+    "DeclaresNeeds",
+    "Evaluator",
+    "Logger",
+    "LossFn",
+    "Needs",
+    "Processor",
+    "ProvidesGenerationModel",
+    "ReportsEfficiency",
+    "ReportsMemory",
+    "Reward",
+    "RolloutEngine",
+    "RunContext",
+    "SharesPolicyWeights",
+    "Storage",
+    "StreamsText",
+    "SupportsReferenceModel",
+    "TokenOutputs",
+    "algorithm_needs",
+    "generation_model",
+    "shares_policy_weights",
+    "skipped_rows",
+]

@@ -60,9 +60,11 @@ class ComponentSpec:
             values = values.model_dump()
         return self.config_model.model_validate(values or {})
 
-    def build(self, config: dict[str, Any] | BaseModel | None = None, **kwargs: Any) -> Any:
-        """Call the factory with the validated config and any extra keyword arguments."""
-        return self.factory(self.make_config(config), **kwargs)
+    def build(self, config: dict[str, Any] | BaseModel | None = None, *, ctx: Any = None) -> Any:
+        """Call the factory with the validated config (and ``ctx`` when it takes one)."""
+        if ctx is not None and _accepts_ctx(self.factory):
+            return self.factory(self.make_config(config), ctx=ctx)
+        return self.factory(self.make_config(config))
 
 
 @dataclass
@@ -138,3 +140,13 @@ class Registrar:
         self._registry.add(
             ComponentSpec(self._kind, name, factory, self._owner, config_model, description)
         )
+
+
+def _accepts_ctx(factory: Callable[..., Any]) -> bool:
+    import inspect
+
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "ctx" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

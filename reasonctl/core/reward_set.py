@@ -11,13 +11,12 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from reasonctl.core.callables import as_reward, is_callable_path, load_callable
 from reasonctl.core.errors import ConfigError, RewardError, RewardLengthError
-from reasonctl.core.protocols import Reward
 from reasonctl.core.types import Metrics, Sample
 
 if TYPE_CHECKING:
@@ -27,6 +26,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 OnError = Literal["raise", "zero"]
+
+RewardFn = Callable[[Sequence[str], Sequence[Sample]], Sequence[float | None]]
+"""A batched reward (the :class:`~reasonctl.core.protocols.Reward` protocol, as a type)."""
 
 COMPLETION_PREVIEW_CHARS = 200
 
@@ -39,7 +41,7 @@ class RewardTerm:
     """One weighted reward of a :class:`RewardSet`."""
 
     name: str
-    reward: Reward
+    reward: RewardFn
     weight: float = 1.0
 
 

@@ -1,9 +1,14 @@
-"""Composes components from the config and drives the step loop.
+"""Composes a run from the config and drives the step loop.
 
-The runner knows nothing about models or ranks beyond what the backend tells it: it builds
-the backend and algorithm, restores the newest checkpoint when resuming, runs
-``algorithm.step`` until ``ctx.total_steps``, sends metrics to loggers, saves checkpoints,
-handles SIGTERM/SIGUSR1/SIGINT by saving and exiting, and exports the final model.
+The runner is the only composer. In one pass, top to bottom, it builds the backend and the
+algorithm, sets the backend up (process group, model, optimizer), asks the algorithm what
+it needs (:class:`~reasonctl.core.protocols.Needs`) and builds those parts into the
+:class:`~reasonctl.core.protocols.RunContext` (:mod:`reasonctl.core.composition`: the
+processor, dataset, reward set, reference model, rollout engine and evaluator), then calls
+``algorithm.setup``, restores the newest checkpoint when resuming, runs ``algorithm.step``
+until ``ctx.total_steps`` (evaluating every ``eval.every_steps``), sends metrics to loggers,
+saves checkpoints, handles SIGTERM/SIGUSR1/SIGINT by saving and exiting, and exports the
+final model. It knows nothing about models or ranks beyond what the backend tells it.
 """
 
 from __future__ import annotations
@@ -20,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from reasonctl.core.checkpoint import CheckpointManager, load_rng_state, read_checkpoint
+from reasonctl.core.composition import build_algorithm, build_backend, build_component, compose
 from reasonctl.core.config import RunConfig, redact_text
-from reasonctl.core.context import RunContext, env_rank
 from reasonctl.core.errors import ReasonctlError
 from reasonctl.core.plugins import PluginHost
-from reasonctl.core.protocols import Algorithm, Logger
+from reasonctl.core.protocols import Algorithm, Logger, RunContext, algorithm_needs
 from reasonctl.core.types import Metrics
 
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
@@ -84,6 +89,13 @@ def stop_signals(handler: StopRequest) -> Iterator[None]:
             signal.signal(sig, old)
 
 
+def env_rank() -> int:
+    """This process's global rank from the launcher's environment (0 when not launched)."""
+    import os
+
+    return int(os.environ.get("RANK", "0"))
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (all devices)."""
     import numpy as np
@@ -102,18 +114,12 @@ def config_hash(config: RunConfig) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def run(
-    config: RunConfig,
-    *,
-    host: PluginHost | None = None,
-    progress: bool = True,
-) -> RunResult:
+def run(config: RunConfig, *, host: PluginHost, progress: bool = True) -> RunResult:
     """Run training as configured and return a :class:`RunResult`.
 
-    ``host`` supplies the plugins (a fresh :meth:`PluginHost.load` by default); the SDK adds
-    run-local plugins to it before calling this.
+    ``host`` holds the plugins, loaded once by the caller (the CLI, or :func:`reasonctl.run`,
+    which adds run-local plugins to it first).
     """
-    host = host or PluginHost.load()
     registry = host.registry
     output_dir = Path(config.run.output_dir)
     is_main = env_rank() == 0
@@ -125,13 +131,9 @@ def run(
     ctx = RunContext(config=config, registry=registry, hooks=host.hooks, output_dir=output_dir)
     for record in host.errors:
         ctx.info(f"warning: {record.error} (skipped; see `reasonctl plugins`)")
-
-    backend_spec = registry.get("backend", config.backend.name)
-    ctx.backend = backend_spec.build(config.component_config("backend", config.backend.name))
-    algorithm: Algorithm = registry.get("algorithm", config.algorithm.name).build(
-        config.component_config("algorithm", config.algorithm.name)
-    )
-    backend = ctx.backend
+    backend = ctx.backend = build_backend(ctx)
+    algorithm = build_algorithm(ctx)
+    needs = algorithm_needs(algorithm)
     loggers: list[Logger] = []
     status, error = "failed", None
     result = RunResult(status="failed", output_dir=output_dir, steps=0)
@@ -152,6 +154,7 @@ def run(
         if config.run.resume and uploader is not None:
             uploader.pull_latest_checkpoint_if_missing(ctx.checkpoints)
         backend.barrier()
+        compose(ctx, needs)
         algorithm.setup(ctx)
         _maybe_resume(ctx, algorithm)
         if backend.is_main and progress:
@@ -159,7 +162,7 @@ def run(
         host.hooks.on_run_start(ctx)
         result.last_metrics = _loop(ctx, algorithm, loggers, uploader)
         ctx.checkpoints.wait()  # a checkpoint still being written is committed now
-        status = "interrupted" if ctx.state.get("stop_signal") else "completed"
+        status = "interrupted" if ctx.stop_signal else "completed"
         result.checkpoint_dir = ctx.checkpoints.last_committed
         if status == "completed" and config.checkpoint.export_final:
             result.export_dir = _export(ctx, output_dir / "export" / "final", uploader)
@@ -169,7 +172,7 @@ def run(
     finally:
         result.status = status if error is None else "failed"
         result.steps = ctx.step
-        result.skipped_rows = int(ctx.state.get("skipped_rows", 0))
+        result.skipped_rows = ctx.skipped_rows
         if uploader is not None:
             result.upload_failures = uploader.finish()
         for logger in loggers:
@@ -201,11 +204,7 @@ def _maybe_resume(ctx: RunContext, algorithm: Algorithm) -> None:
 
 
 def _build_loggers(ctx: RunContext) -> list[Logger]:
-    loggers = []
-    for name in ctx.config.logging.loggers:
-        spec = ctx.registry.get("logger", name)
-        loggers.append(spec.build(ctx.component_config("logging", name), ctx=ctx))
-    return loggers
+    return [build_component(ctx, "logger", "logging", name) for name in ctx.config.logging.loggers]
 
 
 def _loop(ctx: RunContext, algorithm: Algorithm, loggers: list[Logger], uploader: Any) -> Metrics:
@@ -220,6 +219,8 @@ def _loop(ctx: RunContext, algorithm: Algorithm, loggers: list[Logger], uploader
             metrics = dict(algorithm.step(ctx))
             ctx.step += 1
             metrics.setdefault("step_time_s", time.perf_counter() - started)
+            if ctx.evaluator is not None and ctx.step % config.eval.every_steps == 0:
+                metrics.update(ctx.evaluator.evaluate(ctx))
             ctx.hooks.on_step_end(ctx, ctx.step, metrics)
             if ctx.step % config.logging.every_steps == 0 or ctx.step == ctx.total_steps:
                 for logger in loggers:
@@ -230,8 +231,8 @@ def _loop(ctx: RunContext, algorithm: Algorithm, loggers: list[Logger], uploader
             if (every and ctx.step % every == 0) or on_signal:
                 _save_checkpoint(ctx, algorithm, uploader)
             if stop_now:
-                ctx.state["stop_signal"] = stop.signal_name or "signal"
-                ctx.info(f"stopping at step {ctx.step} on {ctx.state['stop_signal']}")
+                ctx.stop_signal = stop.signal_name or "signal"
+                ctx.info(f"stopping at step {ctx.step} on {ctx.stop_signal}")
                 break
     return metrics
 

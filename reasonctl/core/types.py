@@ -7,7 +7,11 @@ without importing heavy packages.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
+
+if TYPE_CHECKING:
+    import torch
 
 PartType = Literal["text", "image", "video"]
 Role = Literal["system", "user", "assistant", "tool"]
@@ -121,7 +125,12 @@ class SamplingParams:
 
 @dataclass
 class RolloutGroup:
-    """The completions sampled for one prompt, with their rewards and advantages."""
+    """The completions sampled for one prompt, with their rewards and advantages.
+
+    ``prompt`` is the encoded prompt (a :class:`reasonctl.data.processing.EncodedSample`
+    holding the token ids and any vision tensors) when the group was sampled by
+    :func:`reasonctl.sample_groups`.
+    """
 
     sample: Sample
     prompt_ids: list[int]
@@ -129,6 +138,63 @@ class RolloutGroup:
     rewards: list[float] = field(default_factory=list)
     advantages: list[float] = field(default_factory=list)
     reward_components: dict[str, list[float | None]] = field(default_factory=dict)
+    prompt: Any = None
 
 
 Metrics = dict[str, float]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Local directories of the run's model (config + weights) and of its tokenizer/processor.
+
+    The runner resolves ``model.name_or_path`` and ``model.tokenizer`` (an alias, a local
+    directory, a storage URI or a Hub id) into these before building the processor, so every
+    component reads the same files.
+    """
+
+    model_dir: Path
+    tokenizer_dir: Path
+
+
+class TrainBatch(TypedDict, total=False):
+    """A collated batch as backends consume it (``input_ids`` and ``loss_mask`` always present).
+
+    Shapes are ``[B, T]`` (or ``[1, total]`` when packed). ``loss_mask[b, t] == 1`` marks token
+    ``t`` as a training target; the log-prob at position ``t`` predicts token ``t + 1``, so a loss
+    uses ``loss_mask[:, 1:]``. Padded batches carry ``attention_mask`` (1 = real token); packed
+    batches carry ``position_ids`` restarting at 0 for every packed sample and no attention mask.
+    Vision-language batches add the processor's tensors, whose first dimension concatenates over
+    the batch's images/videos: ``pixel_values``, ``image_grid_thw``, ``pixel_values_videos``,
+    ``video_grid_thw``, ``second_per_grid_ts``, and the per-token ``mm_token_type_ids``
+    (0 text, 1 image, 2 video).
+    """
+
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    pixel_values: torch.Tensor
+    image_grid_thw: torch.Tensor
+    pixel_values_videos: torch.Tensor
+    video_grid_thw: torch.Tensor
+    second_per_grid_ts: torch.Tensor
+    mm_token_type_ids: torch.Tensor
+
+
+class PolicyBatch(TrainBatch, total=False):
+    """A :class:`TrainBatch` of prompt + completion rows for a policy-gradient loss.
+
+    Per-token tensors are ``[B, T-1]``, aligned with the backend's log-probs (position ``t``
+    scores token ``t + 1``) and zero outside each row's completion: ``completion_mask`` (1 on
+    completion tokens, whether or not they carry loss), ``engine_logprobs`` (the rollout engine's
+    log-probs of the sampled tokens), and, when computed, ``old_logprobs`` (the policy before the
+    update) and ``ref_logprobs`` (the reference model). ``advantages`` is ``[B]``, one per row.
+    ``loss_mask`` is 1 on completion tokens that carry loss (prompt tokens never do).
+    """
+
+    advantages: torch.Tensor
+    completion_mask: torch.Tensor
+    engine_logprobs: torch.Tensor
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor

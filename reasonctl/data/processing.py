@@ -22,6 +22,7 @@ import torch
 
 from reasonctl.core.errors import DataError
 from reasonctl.core.types import ContentPart, Message, Sample
+from reasonctl.data.prompting import layout_mcq
 
 if TYPE_CHECKING:
     from reasonctl.data.vision import VisionProcessor
@@ -56,6 +57,11 @@ class EncodedSample:
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    def as_prompt(self) -> dict[str, Any]:
+        """The prompt dict a :class:`~reasonctl.core.protocols.RolloutEngine` generates from:
+        ``input_ids`` plus the vision tensors."""
+        return {"input_ids": list(self.input_ids), **self.extras}
 
     @property
     def num_loss_tokens(self) -> int:
@@ -173,13 +179,18 @@ class ChatProcessor:
             ids, mask = ids[: self.max_length], mask[: self.max_length]
         return EncodedSample(ids, mask, self._with_token_types(ids, extras), truncated, 0)
 
-    def encode_prompt(self, sample: Sample) -> EncodedSample:
+    def encode_prompt(self, sample: Sample, *, mcq_layout: bool = True) -> EncodedSample:
         """Tokenize the prompt (trailing assistant turns dropped) plus the generation prompt.
 
-        No token is a target. A prompt longer than ``max_length`` keeps its last
-        ``max_length`` tokens (so the generation prompt survives) and is flagged
+        With ``mcq_layout`` a multiple-choice sample (options in ``meta`` or ``qa_pairs``) gets
+        its lettered options written into the prompt first
+        (:func:`reasonctl.data.prompting.layout_mcq`), as the ``choice`` reward and the
+        evaluation expect. No token is a target. A prompt longer than ``max_length`` keeps its
+        last ``max_length`` tokens (so the generation prompt survives) and is flagged
         ``truncated``.
         """
+        if mcq_layout:
+            sample = layout_mcq(sample)
         messages = self._with_system_prompt(sample.prompt_messages())
         if not messages:
             raise DataError(f"{_where(sample)}: the prompt is empty (no non-assistant message)")

@@ -2,9 +2,9 @@
 
 Every format reports a malformed row as ``file:line: reason``. :func:`read_json_rows`
 yields ``(line, row)`` pairs from JSON Lines files and from JSON arrays (the line where
-each element starts), and :func:`build_samples` applies the common ``[data]`` options:
-``on_bad_row`` (stop at the first bad row, or skip and count), ``max_samples``,
-``system_prompt`` and ``prompt_template``.
+each element starts), and :func:`build_samples` applies the ``[data]`` options a format
+applies while reading: ``on_bad_row`` (stop at the first bad row, or skip and count) and
+``max_samples``.
 """
 
 from __future__ import annotations
@@ -13,34 +13,36 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from reasonctl.core.datasets import ListDataset
 from reasonctl.core.errors import DataError
 from reasonctl.core.types import Sample
-from reasonctl.data.messages import RowProblem, apply_prompt_options
+from reasonctl.data.datasets import ListDataset
+from reasonctl.data.messages import RowProblem
+
+if TYPE_CHECKING:
+    from reasonctl.core.protocols import RunContext
 
 
 @dataclass(frozen=True)
 class RowOptions:
-    """The format-independent ``[data]`` options a dataset format applies."""
+    """The format-independent ``[data]`` options a dataset format applies while reading.
+
+    ``on_bad_row`` (stop at the first bad row, or skip and count) and ``max_samples`` (stop
+    reading early). Prompt options (``system_prompt``, ``prompt_template``) are applied by
+    the runner to every format alike (:class:`reasonctl.data.datasets.DatasetView`).
+    """
 
     on_bad_row: Literal["error", "skip"] = "error"
     max_samples: int | None = None
-    system_prompt: str | None = None
-    prompt_template: str | None = None
 
     @classmethod
-    def from_section(cls, data: Any) -> RowOptions:
-        """Read the options from a ``[data]`` section (``None`` gives the defaults)."""
-        if data is None:
+    def from_context(cls, ctx: RunContext | None) -> RowOptions:
+        """Read the options from the run's ``[data]`` section (``None`` gives the defaults)."""
+        if ctx is None:
             return cls()
-        return cls(
-            on_bad_row=getattr(data, "on_bad_row", "error"),
-            max_samples=getattr(data, "max_samples", None),
-            system_prompt=getattr(data, "system_prompt", None),
-            prompt_template=getattr(data, "prompt_template", None),
-        )
+        data = ctx.config.data
+        return cls(on_bad_row=data.on_bad_row, max_samples=data.max_samples)
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,7 @@ def build_samples(
     parse: Callable[[Row], Sample],
     options: RowOptions,
 ) -> ListDataset:
-    """Parse rows into a dataset, applying ``on_bad_row``, ``max_samples`` and prompt options.
+    """Parse rows into a dataset, applying ``on_bad_row`` and ``max_samples``.
 
     ``parse`` turns one :class:`Row` into a :class:`Sample` or raises
     :class:`RowProblem`. The sample's ``source`` is set to the
@@ -141,9 +143,6 @@ def build_samples(
             if isinstance(row.value, RowProblem):
                 raise row.value
             sample = parse(row)
-            sample.messages = apply_prompt_options(
-                sample.messages, options.system_prompt, options.prompt_template
-            )
             sample.source = row.source
         except RowProblem as exc:
             if options.on_bad_row == "error":

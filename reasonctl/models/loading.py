@@ -16,30 +16,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reasonctl.core.errors import ReasonctlError
+from reasonctl.core.types import ModelSource
 
 if TYPE_CHECKING:
     import torch
 
     from reasonctl.core.config import ModelSection, RunConfig
-    from reasonctl.core.context import RunContext
+    from reasonctl.core.protocols import RunContext
     from reasonctl.core.registry import Registry
-
-MODEL_SOURCE_STATE_KEY = "model_source"
-"""``ctx.state`` key under which :func:`model_source` caches the resolved directories."""
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
 class ModelLoadError(ReasonctlError):
     """The model could not be found or loaded; the message says what to change."""
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Local directories of the model (config + weights) and of its tokenizer/processor."""
-
-    model_dir: Path
-    tokenizer_dir: Path
 
 
 @dataclass(frozen=True)
@@ -81,23 +71,26 @@ def resolve_model_dir(
     )
 
 
-def model_source(ctx: RunContext) -> ModelSource:
-    """The run's model and tokenizer directories, resolved once and cached in ``ctx.state``.
+def resolve_model_source(config: RunConfig, registry: Registry) -> ModelSource:
+    """The local model and tokenizer directories of ``model.name_or_path``/``model.tokenizer``.
 
-    Backends, algorithms and rollout engines call this so they all read the same files.
+    Remote sources are fetched once into the cache; the runner resolves this once per run
+    (``ctx.model_source``) so backends, the processor and rollout engines read the same
+    files.
     """
-    cached = ctx.state.get(MODEL_SOURCE_STATE_KEY)
-    if isinstance(cached, ModelSource):
-        return cached
-    section = ctx.config.model
-    model_dir = resolve_model_dir(section.name_or_path, registry=ctx.registry, config=ctx.config)
+    section = config.model
+    model_dir = resolve_model_dir(section.name_or_path, registry=registry, config=config)
     tokenizer_dir = model_dir
     if section.tokenizer:
-        tokenizer_dir = resolve_model_dir(section.tokenizer, registry=ctx.registry,
-                                          config=ctx.config)
-    source = ModelSource(model_dir=model_dir, tokenizer_dir=tokenizer_dir)
-    ctx.state[MODEL_SOURCE_STATE_KEY] = source
-    return source
+        tokenizer_dir = resolve_model_dir(section.tokenizer, registry=registry, config=config)
+    return ModelSource(model_dir=model_dir, tokenizer_dir=tokenizer_dir)
+
+
+def ensure_model_source(ctx: RunContext) -> ModelSource:
+    """``ctx.model_source``, resolved (and stored there) on first use."""
+    if ctx.model_source is None:
+        ctx.model_source = resolve_model_source(ctx.config, ctx.registry)
+    return ctx.model_source
 
 
 def quiet_transformers() -> None:
@@ -297,9 +290,10 @@ def _fetch_remote(uri: str, *, registry: Registry | None, config: RunConfig | No
     from reasonctl.core.storage import fetch_model
 
     if registry is None:
-        from reasonctl.core.plugins import PluginHost
-
-        registry = PluginHost.load().registry
+        raise ModelLoadError(
+            f"model {uri!r} is a storage URI; resolving it needs the run's plugins (pass the "
+            "registry of a loaded PluginHost)"
+        )
     return Path(fetch_model(registry, config, uri))
 
 

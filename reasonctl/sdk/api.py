@@ -76,10 +76,10 @@ class _AdhocPlugin:
 
     @hookimpl
     def register_datasets(self, register: Any) -> None:
-        from reasonctl.core.datasets import as_dataset
+        from reasonctl.data.datasets import as_dataset
 
         for name, obj in self.datasets.items():
-            register(name, lambda _cfg, obj=obj, **_: as_dataset(obj), description="SDK dataset")
+            register(name, lambda _cfg, obj=obj: as_dataset(obj), description="SDK dataset")
 
 
 def run(

@@ -68,9 +68,8 @@ from reasonctl.backends.optim import lr_multiplier
 from reasonctl.backends.perf import peak_flops, training_flops
 from reasonctl.backends.reference import ReferenceWeights
 from reasonctl.backends.token_logprobs import TokenLogprobs
-from reasonctl.core.context import RunContext
 from reasonctl.core.errors import ConfigError, ReasonctlError
-from reasonctl.core.protocols import LossFn
+from reasonctl.core.protocols import LossFn, RunContext
 from reasonctl.core.types import Metrics
 from reasonctl.models.loading import (
     ModelSource,
@@ -78,9 +77,9 @@ from reasonctl.models.loading import (
     checkpoint_dtype,
     compute_dtype,
     count_parameters,
+    ensure_model_source,
     load_hf_config,
     load_pretrained,
-    model_source,
 )
 
 
@@ -150,7 +149,7 @@ class MegatronBackend:
         self.rank, self.world_size = parallel.data_parallel_coordinates()
         self.is_main = group.rank == 0
 
-        self.source = model_source(ctx)
+        self.source = ensure_model_source(ctx)
         self.hf_config = load_hf_config(self.source.model_dir,
                                         trust_remote_code=config.model.trust_remote_code)
         self.shape = ModelShape.from_hf_config(self.hf_config)
@@ -161,7 +160,6 @@ class MegatronBackend:
         self.parameter_counts = count_parameters(self.hf_skeleton)
         self._build_chunks(dtype, recompute=config.model.gradient_checkpointing)
         self._build_optimizer(dtype)
-        ctx.state["backend_parameters"] = self.parameter_counts
         ctx.info(
             f"model {config.model.name_or_path}: {self.parameter_counts.describe()}, megatron "
             f"tp={sizes.tp} pp={sizes.pp} vpp={sizes.vpp} dp={self.world_size} on "

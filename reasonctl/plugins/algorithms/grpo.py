@@ -1,91 +1,20 @@
-"""The ``grpo`` algorithm plugin: GRPO with the DAPO, Dr.GRPO and GSPO knobs.
-
-Config section ``[algorithm.grpo]``; the group size is ``rollout.n``. The implementation
-is in :mod:`reasonctl.algorithms.grpo` (the step) and :mod:`reasonctl.algorithms.grpo_loss`
-(the tensor math); this module only declares the config and registers the factory.
-"""
+"""Registers the ``grpo`` algorithm (implementation: :mod:`reasonctl.algorithms.grpo`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import TYPE_CHECKING, Any
 
 from reasonctl import hookimpl
 
 if TYPE_CHECKING:
+    from reasonctl.algorithms.grpo_config import GRPOConfig
     from reasonctl.core.registry import Registrar
 
 
-class GRPOConfig(BaseModel):
-    """``[algorithm.grpo]``: sampling, advantages, the clipped objective and its penalties."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    prompts_per_step: int = Field(
-        default=8, gt=0, description="Prompts per step (each gets rollout.n completions)."
-    )
-    ppo_epochs: int = Field(
-        default=1, gt=0, description="Passes over each rollout batch (old log-probs stored)."
-    )
-    mini_batches: int = Field(
-        default=1, gt=0,
-        description="Optimizer steps per pass: the rollout batch is split into this many.",
-    )
-    scale_rewards: Literal["group", "none"] = Field(
-        default="group",
-        description="group: (r - mean) / std within each group; none: r - mean (Dr.GRPO).",
-    )
-    epsilon_low: float = Field(default=0.2, ge=0, lt=1, description="Lower clip: 1 - eps.")
-    epsilon_high: float = Field(
-        default=0.2, ge=0, description="Upper clip: 1 + eps (DAPO clip-higher uses 0.28)."
-    )
-    importance_level: Literal["token", "sequence"] = Field(
-        default="token", description="sequence: GSPO length-normalised sequence ratio."
-    )
-    loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
-        Field(
-            default="token-mean",
-            description="token-mean (DAPO), seq-mean-token-mean (GRPO) or "
-            "seq-mean-token-sum-norm (Dr.GRPO: sums / rollout.max_new_tokens).",
-        )
-    )
-    kl_beta: float = Field(
-        default=0.0, ge=0, description="KL penalty weight; 0 builds no reference model."
-    )
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    entropy_bonus: float = Field(
-        default=0.0, ge=0, description="Weight of an entropy bonus subtracted from the loss."
-    )
-    dynamic_sampling: bool = Field(
-        default=False,
-        description="DAPO: drop groups whose rewards are all equal and sample more prompts.",
-    )
-    max_sampling_rounds: int = Field(
-        default=4, gt=0, description="Rollout rounds per step at most with dynamic sampling."
-    )
-    mask_truncated: bool = Field(
-        default=False,
-        description="Overlong filtering: completions cut at max_new_tokens carry no loss.",
-    )
-    mcq_layout: bool = Field(
-        default=True,
-        description="Write lettered options (meta choices / qa_pairs) into the prompt.",
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> GRPOConfig:
-        if self.mini_batches > self.prompts_per_step:
-            raise ValueError(
-                f"mini_batches ({self.mini_batches}) cannot exceed prompts_per_step "
-                f"({self.prompts_per_step}): each mini-batch needs at least one group"
-            )
-        return self
-
-
-def build_grpo(config: GRPOConfig | None, **_: Any) -> Any:
+def build_grpo(config: GRPOConfig | None) -> Any:
     """Create the GRPO algorithm with its validated config."""
     from reasonctl.algorithms.grpo import GRPO
+    from reasonctl.algorithms.grpo_config import GRPOConfig
 
     return GRPO(config or GRPOConfig())
 
@@ -93,5 +22,7 @@ def build_grpo(config: GRPOConfig | None, **_: Any) -> Any:
 @hookimpl
 def register_algorithms(register: Registrar) -> None:
     """Register ``grpo``."""
+    from reasonctl.algorithms.grpo_config import GRPOConfig
+
     register("grpo", build_grpo, config_model=GRPOConfig,
              description="GRPO-family RL (DAPO, Dr.GRPO, GSPO knobs)")

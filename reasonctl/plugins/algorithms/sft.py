@@ -1,35 +1,26 @@
-"""The ``sft`` algorithm plugin: supervised fine-tuning on chat data (``[algorithm.sft]``)."""
+"""Registers the ``sft`` algorithm (implementation: :mod:`reasonctl.algorithms.sft`)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import TYPE_CHECKING, Any
 
 from reasonctl import hookimpl
 
-
-class SFTConfig(BaseModel):
-    """``[algorithm.sft]``: options of supervised fine-tuning."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    loss_reduction: Literal["token", "sample"] = Field(
-        default="token",
-        description="token: mean over all target tokens of the global batch; sample: mean "
-        "over samples of each sample's mean token loss.",
-    )
+if TYPE_CHECKING:
+    from reasonctl.algorithms.sft import SFTConfig
+    from reasonctl.core.registry import Registrar
 
 
-def build_sft(config: SFTConfig | None, **_: Any) -> Any:
+def build_sft(config: SFTConfig | None) -> Any:
     """Supervised fine-tuning on the assistant turns of chat samples."""
-    from reasonctl.algorithms.sft import SFTAlgorithm
+    from reasonctl.algorithms.sft import SFTAlgorithm, SFTConfig
 
-    config = config or SFTConfig()
-    return SFTAlgorithm(loss_reduction=config.loss_reduction)
+    return SFTAlgorithm(config or SFTConfig())
 
 
 @hookimpl
-def register_algorithms(register: Any) -> None:
+def register_algorithms(register: Registrar) -> None:
     """Register the ``sft`` algorithm."""
+    from reasonctl.algorithms.sft import SFTConfig
+
     register("sft", build_sft, config_model=SFTConfig)

@@ -1,58 +1,19 @@
-"""The ``jsonl`` dataset format: chat or prompt/answer rows, one JSON object per line.
-
-Accepted rows (the layouts of :mod:`reasonctl.data.messages`)::
-
-    {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
-    {"messages": [{"role": "user", "content": [{"type": "video", "video": "clips/a.mp4",
-                   "fps": 4}, {"type": "text", "text": "What happens?"}]}, ...]}
-    {"prompt": "2+2?", "response": "4"}                  # SFT pair ("answer" also works)
-    {"prompt": "2+2?", "reference": "4", "meta": {...}}  # RL / evaluation row
-
-A file that starts with ``[`` is read as a JSON array of such rows.
-"""
+"""Registers the ``jsonl`` dataset format (implementation: :mod:`reasonctl.data.formats.jsonl`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from pydantic import Field
+from typing import TYPE_CHECKING
 
 from reasonctl import hookimpl
-from reasonctl.plugins.data.common import MediaOptions
 
 if TYPE_CHECKING:
-    from reasonctl.core.datasets import ListDataset
     from reasonctl.core.registry import Registrar
-
-
-class JsonlConfig(MediaOptions):
-    """``[data.jsonl]``: the files to read and media defaults."""
-
-    path: str | list[str] | None = Field(
-        default=None, description="A .jsonl file (or JSON array file), or a list of them."
-    )
-
-
-def build_jsonl_dataset(config: JsonlConfig | None, data: Any = None) -> ListDataset:
-    """Chat or prompt/answer rows from JSON Lines files."""
-    from reasonctl.core.errors import DataError
-    from reasonctl.data.messages import sample_from_record
-    from reasonctl.data.rows import RowOptions, as_path_list, build_samples, read_json_rows
-
-    config = config or JsonlConfig()
-    if config.path is None:
-        raise DataError("data.jsonl.path is not set; point it at a .jsonl file")
-    paths = as_path_list(config.path, "data.jsonl.path")
-    resolvers = {path: config.resolver(path.parent, "jsonl") for path in paths}
-    rows = (row for path in paths for row in read_json_rows(path))
-    return build_samples(
-        rows,
-        lambda row: sample_from_record(row.value, resolvers[row.file]),
-        RowOptions.from_section(data),
-    )
 
 
 @hookimpl
 def register_datasets(register: Registrar) -> None:
     """Register the ``jsonl`` format."""
-    register("jsonl", build_jsonl_dataset, config_model=JsonlConfig)
+    from reasonctl.data.formats.jsonl import JsonlConfig, build_jsonl_dataset
+
+    register("jsonl", build_jsonl_dataset, config_model=JsonlConfig,
+             description="Chat or prompt/answer rows, one JSON object per line.")

@@ -31,7 +31,7 @@ from reasonctl.plugins.loggers.metric_names import find_value, tokens_per_second
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from reasonctl.core.context import RunContext
+    from reasonctl.core.protocols import RunContext
     from reasonctl.core.registry import Registrar
 
 LINES_PER_RUN = 20

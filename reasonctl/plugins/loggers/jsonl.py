@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from reasonctl import hookimpl
 
 if TYPE_CHECKING:
-    from reasonctl.core.context import RunContext
+    from reasonctl.core.protocols import RunContext
     from reasonctl.core.registry import Registrar
 
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}

@@ -22,7 +22,7 @@ from reasonctl.plugins.loggers.metric_names import as_float
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
-    from reasonctl.core.context import RunContext
+    from reasonctl.core.protocols import RunContext
     from reasonctl.core.registry import Registrar
 
 

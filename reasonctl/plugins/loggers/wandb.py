@@ -29,7 +29,7 @@ from reasonctl.core.errors import ReasonctlError, require
 from reasonctl.plugins.loggers.metric_names import as_float
 
 if TYPE_CHECKING:
-    from reasonctl.core.context import RunContext
+    from reasonctl.core.protocols import RunContext
     from reasonctl.core.registry import Registrar
 
 Mode = Literal["online", "offline", "disabled"]

@@ -1,4 +1,4 @@
-"""Accuracy of a model on a data set: generate, parse the answer, compare, tabulate.
+"""Scoring answers for evaluation: parse the answer, compare, tabulate.
 
 :func:`evaluate` loads a model directory (a training export or any Hugging Face model),
 generates one answer per sample with the embedded rollout engine (greedy unless the
@@ -28,21 +28,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from reasonctl.core.errors import ConfigError, ReasonctlError
+from reasonctl.core.errors import ConfigError
 from reasonctl.core.types import Sample, SamplingParams
 
 if TYPE_CHECKING:
     from rich.table import Table
 
     from reasonctl.core.config import RunConfig
-    from reasonctl.core.protocols import Dataset
-    from reasonctl.core.registry import Registry
 
 AnswerFormat = Literal["letter", "reasoning", "free"]
 ANSWER_FORMATS: tuple[str, ...] = ("letter", "reasoning", "free")
 ANSWER_TAG = "answer"
-DATA_PATH_KEYS = ("path", "name", "root")
-"""The key of a dataset format's config that names its data (jsonl/llava, hf, video_folder)."""
 
 
 @dataclass
@@ -96,9 +92,6 @@ class EvalReport:
                 for source, (c, t) in self.by_source().items()
             },
         }
-
-
-# --- scoring ------------------------------------------------------------------------------
 
 
 def parse_and_score(response: str, sample: Sample, answer_format: str) -> tuple[str | None, bool]:
@@ -161,42 +154,6 @@ def _reference_letters(letter: str | None) -> str:
     return LETTERS[: max(LETTERS.index(letter) + 1, 4)]
 
 
-# --- running --------------------------------------------------------------------------------
-
-
-def load_eval_dataset(
-    config: RunConfig, registry: Registry, data: str | None = None
-) -> Dataset:
-    """The evaluation samples: ``data`` (a file, directory or dataset name) read with the
-    configured ``data.format`` (``.json`` files with LLaVA ``conversations`` are read as
-    ``llava`` unless ``data.format`` is set explicitly), else ``[eval] data``."""
-    path = data or config.eval.data
-    if path is None:
-        raise ConfigError(["eval.data: no evaluation data; pass --data FILE or set eval.data"])
-    fmt = config.data.format
-    if "format" not in config.data.model_fields_set and _is_llava_file(Path(path)):
-        fmt = "llava"
-    spec = registry.get("dataset", fmt)
-    options = config.component_config("data", fmt)
-    fields = type(options).model_fields if options is not None else {}
-    key = next((k for k in DATA_PATH_KEYS if k in fields), None)
-    if key is None:
-        raise ConfigError([f"data.format {fmt!r} has no path/name/root option; configure its "
-                           "data with --config and leave out --data"])
-    assert options is not None
-    dataset = spec.build(options.model_copy(update={key: path}), data=config.data)
-    if len(dataset) == 0:
-        raise ReasonctlError(f"the evaluation data {path} holds no samples")
-    return dataset
-
-
-def _is_llava_file(path: Path) -> bool:
-    if path.suffix != ".json" or not path.is_file():
-        return False
-    head = path.read_text(encoding="utf-8", errors="replace")[:4096]
-    return head.lstrip().startswith("[") and '"conversations"' in head
-
-
 def sampling_for_eval(config: RunConfig, *, seed: int) -> SamplingParams:
     """``eval.temperature`` (greedy by default) with ``rollout`` top-p/top-k/stop, and
     ``eval.max_new_tokens`` or else ``rollout.max_new_tokens``."""
@@ -205,67 +162,6 @@ def sampling_for_eval(config: RunConfig, *, seed: int) -> SamplingParams:
                           top_k=rollout.top_k,
                           max_new_tokens=section.max_new_tokens or rollout.max_new_tokens,
                           stop=list(rollout.stop), seed=seed)
-
-
-def load_engine(model: str, config: RunConfig, registry: Registry) -> tuple[Any, Any]:
-    """Load ``model`` for generation; return ``(engine, chat processor)``."""
-    from reasonctl.backends.single import resolve_device
-    from reasonctl.data.processing import ChatProcessor
-    from reasonctl.models.loading import compute_dtype, load_pretrained, resolve_model_dir
-    from reasonctl.rollout.hf_engine import HFRolloutEngine
-
-    model_dir = resolve_model_dir(model, registry=registry, config=config)
-    device = resolve_device(config.backend.device)
-    weights = load_pretrained(model_dir, config.model,
-                              param_dtype=compute_dtype(config.model.dtype, device), device=device)
-    weights.requires_grad_(False)
-    processor = ChatProcessor.from_pretrained(
-        model_dir, max_length=config.model.max_length,
-        trust_remote_code=config.model.trust_remote_code,
-    )
-    hf_options = config.component_config("rollout", "hf")
-    batch = getattr(hf_options, "max_batch_size", 64)
-    return HFRolloutEngine(weights, processor.tokenizer, max_batch_size=batch), processor
-
-
-def evaluate(
-    config: RunConfig,
-    registry: Registry,
-    *,
-    model: str,
-    data: str | None = None,
-    answer_format: str | None = None,
-    max_samples: int | None = None,
-    seed: int = 0,
-) -> EvalReport:
-    """Load ``model`` and score it on ``data`` (see the module docstring)."""
-    import torch
-
-    answer_format = answer_format or config.eval.answer_format
-    samples = eval_samples(config, registry, data, max_samples=max_samples)
-    torch.manual_seed(seed)
-    engine, processor = load_engine(model, config, registry)
-    report = score_samples(
-        engine, processor, samples, answer_format=answer_format,
-        params=sampling_for_eval(config, seed=seed),
-        default_source=Path(data or config.eval.data or "data").stem,
-    )
-    report.model, report.data = model, str(data or config.eval.data)
-    return report
-
-
-def eval_samples(
-    config: RunConfig, registry: Registry, data: str | None = None, *,
-    max_samples: int | None = None,
-) -> list[Sample]:
-    """The first ``max_samples`` (or ``eval.max_samples``) evaluation samples, with the
-    multiple-choice layout applied as in training."""
-    from reasonctl.algorithms.prompting import layout_mcq
-
-    dataset = load_eval_dataset(config, registry, data)
-    limit = max_samples or config.eval.max_samples
-    count = len(dataset) if limit is None else min(limit, len(dataset))
-    return [layout_mcq(dataset[i]) for i in range(count)]
 
 
 def score_samples(
@@ -279,21 +175,24 @@ def score_samples(
 ) -> EvalReport:
     """Generate one answer per sample with ``engine`` and score it.
 
-    Used by :func:`evaluate` and by training algorithms for periodic evaluation with the
-    policy's own engine. A sample's source is its ``meta["source"]``, else
-    ``default_source``.
+    Used by :func:`evaluate` and by the runner's periodic evaluation with the policy's own
+    engine. Multiple-choice options are lettered into the prompt as in training. A sample's
+    source is its ``meta["source"]``, else ``default_source``.
     """
     if answer_format not in ANSWER_FORMATS:
         raise ConfigError([f"answer format {answer_format!r} is not one of "
                            f"{', '.join(ANSWER_FORMATS)}"])
+    from reasonctl.data.prompting import layout_mcq
+
     encoded = [processor.encode_prompt(s) for s in samples]
-    groups = engine.generate([{"input_ids": e.input_ids, **e.extras} for e in encoded], params)
+    groups = engine.generate([e.as_prompt() for e in encoded], params)
     report = EvalReport(answer_format=answer_format)
     for sample, group in zip(samples, groups, strict=True):
         completion = group[0]
-        parsed, correct = parse_and_score(completion.text, sample, answer_format)
+        laid_out = layout_mcq(sample)
+        parsed, correct = parse_and_score(completion.text, laid_out, answer_format)
         report.predictions.append(Prediction(
-            prompt="\n".join(m.text for m in sample.prompt_messages() if m.role != "system"),
+            prompt="\n".join(m.text for m in laid_out.prompt_messages() if m.role != "system"),
             response=completion.text,
             parsed=parsed,
             reference=sample.reference,
@@ -333,20 +232,3 @@ def accuracy_table(report: EvalReport) -> Table:
     table.add_row("overall", str(total), str(correct), f"{100 * report.accuracy:.1f}%",
                   style="bold")
     return table
-
-
-__all__ = [
-    "ANSWER_FORMATS",
-    "EvalReport",
-    "Prediction",
-    "accuracy_table",
-    "eval_samples",
-    "evaluate",
-    "load_engine",
-    "load_eval_dataset",
-    "parse_and_score",
-    "sampling_for_eval",
-    "score_samples",
-    "write_report",
-]
-

@@ -1,0 +1,145 @@
+"""Building blocks for RL algorithms: completions as training rows and padded policy batches.
+
+After a rollout and an advantage estimate, a policy-gradient update trains on one row per
+completion: the prompt's tokens (no loss) followed by the completion's tokens (loss, unless
+masked). :func:`policy_rows` builds those rows from :class:`RolloutGroup` objects and one
+advantage per completion; :func:`collate_policy_rows` pads a list of rows into a
+:class:`~reasonctl.core.types.PolicyBatch` whose per-token tensors are aligned with the
+backend's log-probs (``[B, T-1]``: position ``t`` scores token ``t + 1``). Typical use::
+
+    rows = policy_rows(groups, advantages)
+    batches = [collate_policy_rows(chunk, ctx.processor.pad_id)
+               for chunk in chunked(rows, ctx.config.train.micro_batch_size)]
+    metrics = ctx.backend.train_step(batches, loss_fn)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+from reasonctl.core.types import Completion, PolicyBatch, RolloutGroup
+from reasonctl.data.processing import PER_TOKEN_EXTRAS, EncodedSample, collate
+
+if TYPE_CHECKING:
+    from reasonctl.core.protocols import TokenOutputs
+
+T = TypeVar("T")
+
+
+@dataclass
+class PolicyRow:
+    """One completion prepared for training: its group, tokens, advantage and log-probs.
+
+    ``old_logprobs`` / ``ref_logprobs`` hold one value per completion token once computed
+    (see :func:`store_completion_logprobs`); ``group`` is the index of the prompt group.
+    """
+
+    group: int
+    encoded: EncodedSample
+    prompt_len: int
+    completion: Completion
+    advantage: float = 0.0
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+
+    @property
+    def completion_len(self) -> int:
+        """Number of completion tokens."""
+        return len(self.completion.token_ids)
+
+    @property
+    def completion_span(self) -> slice:
+        """Where this row's completion tokens are scored in a ``[B, T-1]`` log-prob row."""
+        return slice(self.prompt_len - 1, self.prompt_len - 1 + self.completion_len)
+
+
+def policy_rows(
+    groups: Sequence[RolloutGroup],
+    advantages: Sequence[float],
+    *,
+    mask_truncated: bool = False,
+) -> list[PolicyRow]:
+    """One :class:`PolicyRow` per completion, in group order.
+
+    ``advantages`` holds one value per completion (groups concatenated). Each group must
+    carry its encoded prompt (``group.prompt``, set by :func:`reasonctl.sample_groups`).
+    With ``mask_truncated`` completions cut at ``max_new_tokens`` carry no loss (DAPO's
+    overlong filtering).
+    """
+    count = sum(len(g.completions) for g in groups)
+    if len(advantages) != count:
+        raise ValueError(f"policy_rows got {len(advantages)} advantages for {count} completions")
+    rows: list[PolicyRow] = []
+    flat = iter(advantages)
+    for index, group in enumerate(groups):
+        prompt = group.prompt
+        if not isinstance(prompt, EncodedSample):
+            raise ValueError(
+                f"rollout group {index} carries no encoded prompt; sample it with "
+                "reasonctl.sample_groups (or set group.prompt to the EncodedSample)"
+            )
+        group.advantages = []
+        for completion in group.completions:
+            advantage = float(next(flat))
+            group.advantages.append(advantage)
+            carries_loss = not (mask_truncated and completion.finish_reason == "length")
+            ids = list(prompt.input_ids) + list(completion.token_ids)
+            mask = [0] * len(prompt.input_ids) + [int(carries_loss)] * len(completion.token_ids)
+            encoded = EncodedSample(ids, mask, _extend_per_token(prompt.extras, len(ids)),
+                                    num_prompt_tokens=len(prompt.input_ids))
+            rows.append(PolicyRow(index, encoded, len(prompt.input_ids), completion, advantage))
+    return rows
+
+
+def collate_policy_rows(rows: Sequence[PolicyRow], pad_id: int) -> PolicyBatch:
+    """Pad rows into a :class:`PolicyBatch` (``advantages``, ``completion_mask``,
+    ``engine_logprobs``, and ``old_logprobs``/``ref_logprobs`` when every row has them)."""
+    batch: Any = collate([r.encoded for r in rows], pad_id)
+    width = batch["input_ids"].shape[1] - 1
+    batch["advantages"] = torch.tensor([r.advantage for r in rows], dtype=torch.float32)
+    batch["engine_logprobs"] = aligned(
+        rows, [torch.tensor(r.completion.logprobs) for r in rows], width
+    )
+    batch["completion_mask"] = aligned(rows, [1.0] * len(rows), width)
+    for key in ("old_logprobs", "ref_logprobs"):
+        values = [getattr(r, key) for r in rows]
+        if all(v is not None for v in values):
+            batch[key] = aligned(rows, values, width)
+    return batch
+
+
+def aligned(rows: Sequence[PolicyRow], values: Sequence[Any], width: int) -> torch.Tensor:
+    """Per-completion-token values placed at their ``[B, T-1]`` log-prob positions."""
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, (row, value) in enumerate(zip(rows, values, strict=True)):
+        out[i, row.completion_span] = value
+    return out
+
+
+def store_completion_logprobs(rows: Sequence[PolicyRow], outputs: TokenOutputs, key: str) -> None:
+    """Keep each row's completion log-probs from ``outputs`` (a batch of exactly ``rows``)
+    as ``row.old_logprobs`` (``key="old_logprobs"``) or ``row.ref_logprobs``."""
+    if key not in ("old_logprobs", "ref_logprobs"):
+        raise ValueError(f"key must be 'old_logprobs' or 'ref_logprobs', not {key!r}")
+    for i, row in enumerate(rows):
+        setattr(row, key, outputs.logprobs[i, row.completion_span].detach().float().cpu())
+
+
+def chunked(items: Sequence[T], size: int) -> list[list[T]]:
+    """``items`` in consecutive chunks of ``size`` (the last may be shorter)."""
+    if size <= 0:
+        raise ValueError(f"chunk size must be positive (got {size})")
+    return [list(items[i : i + size]) for i in range(0, len(items), size)]
+
+
+def _extend_per_token(extras: dict[str, Any], length: int) -> dict[str, Any]:
+    """Prompt extras for prompt + completion: per-token ones (token types) padded with 0."""
+    out = dict(extras)
+    for key in PER_TOKEN_EXTRAS & out.keys():
+        value = out[key]
+        out[key] = torch.cat([value, value.new_zeros(length - value.shape[-1])])
+    return out

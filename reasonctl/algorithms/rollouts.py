@@ -1,0 +1,149 @@
+"""Building blocks for RL algorithms: sampling prompt groups and scoring them.
+
+A policy-gradient step starts the same way whatever its advantage estimator (GRPO, RLOO,
+REINFORCE++ ...): draw this rank's prompts, encode them with the run's processor (the
+``[data]`` prompt options are already applied by the runner; multiple-choice options are
+lettered into the prompt), make sure the rollout engine holds the current weights, sample
+``rollout.n`` completions per prompt, and score them with the run's reward set (which
+applies ``rewards.on_error``). :func:`sample_groups` does exactly that and returns
+:class:`~reasonctl.core.types.RolloutGroup` objects carrying the encoded prompt, the
+completions and their rewards. Typical use in an algorithm's ``step``::
+
+    samples = shard([ctx.dataset[i] for i in sampler.take(prompts)], rank, world_size)
+    groups = sample_groups(ctx, samples, seed=step_seed(ctx, 0))
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from reasonctl.core.errors import ReasonctlError
+from reasonctl.core.protocols import shares_policy_weights
+from reasonctl.core.types import Completion, Metrics, RolloutGroup, Sample, SamplingParams
+
+if TYPE_CHECKING:
+    from reasonctl.core.config import RunConfig
+    from reasonctl.core.protocols import Backend, RolloutEngine, RunContext
+    from reasonctl.data.processing import EncodedSample
+
+
+def sampling_params(config: RunConfig, *, seed: int | None) -> SamplingParams:
+    """The rollout's :class:`SamplingParams` from ``[rollout]`` (``n`` completions each)."""
+    r = config.rollout
+    return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          max_new_tokens=r.max_new_tokens, stop=list(r.stop), seed=seed)
+
+
+def step_seed(ctx: RunContext, round_index: int = 0) -> int:
+    """A distinct, reproducible sampling seed per run seed, step, round and rank."""
+    rank = ctx.backend.rank if ctx.backend is not None else 0
+    return mix_seed(ctx.config.run.seed, ctx.step, round_index, rank)
+
+
+def mix_seed(run_seed: int, *parts: int) -> int:
+    """Fold integers into a seed (the same inputs always give the same seed)."""
+    value = run_seed
+    for part in parts:
+        value = (value * 1_000_003 + part + 1) % (2**61 - 1)
+    return value
+
+
+def sync_engine_weights(engine: RolloutEngine, backend: Backend) -> None:
+    """Load the trainer's current weights into ``engine`` unless it shares them already."""
+    if not shares_policy_weights(engine):
+        engine.update_weights(backend.full_state_dict())
+
+
+def sample_groups(
+    ctx: RunContext,
+    samples: Sequence[Sample],
+    *,
+    seed: int | None,
+    params: SamplingParams | None = None,
+    mcq_layout: bool = True,
+) -> list[RolloutGroup]:
+    """Encode ``samples``, generate ``rollout.n`` completions each and score them.
+
+    Uses the run's processor, rollout engine and reward set (the algorithm's ``needs()``
+    must ask for ``rollout_engine`` and ``rewards``). The engine is *not* refreshed here:
+    call :func:`sync_engine_weights` once per step before the first call. ``params``
+    defaults to :func:`sampling_params` with ``seed``. Each returned group carries the
+    encoded prompt (``group.prompt``), the completions, their weighted ``rewards`` and the
+    per-reward ``reward_components``.
+    """
+    processor, engine, rewards = ctx.processor, ctx.engine, ctx.rewards
+    if processor is None or engine is None or rewards is None:
+        missing = [name for name, part in (("processor", processor), ("rollout_engine", engine),
+                                           ("rewards", rewards)) if part is None]
+        raise ReasonctlError(
+            f"sample_groups needs the run's {', '.join(missing)}: return "
+            "reasonctl.Needs(rollout_engine=True, rewards=True) from the algorithm's needs()"
+        )
+    encoded = [processor.encode_prompt(s, mcq_layout=mcq_layout) for s in samples]
+    params = params or sampling_params(ctx.config, seed=seed)
+    completions = engine.generate([e.as_prompt() for e in encoded], params)
+    return score_groups(ctx, samples, encoded, completions)
+
+
+def score_groups(
+    ctx: RunContext,
+    samples: Sequence[Sample],
+    encoded: Sequence[EncodedSample],
+    completions: Sequence[Sequence[Completion]],
+) -> list[RolloutGroup]:
+    """Score each prompt's completions with the run's reward set and group them."""
+    assert ctx.rewards is not None
+    texts = [c.text for group in completions for c in group]
+    repeated = [s for s, group in zip(samples, completions, strict=True) for _ in group]
+    scores = ctx.rewards.score(texts, repeated)
+    groups: list[RolloutGroup] = []
+    offset = 0
+    for sample, prompt, group in zip(samples, encoded, completions, strict=True):
+        end = offset + len(group)
+        groups.append(RolloutGroup(
+            sample=sample, prompt_ids=list(prompt.input_ids), completions=list(group),
+            rewards=scores.totals[offset:end],
+            reward_components={k: v[offset:end] for k, v in scores.components.items()},
+            prompt=prompt,
+        ))
+        offset = end
+    return groups
+
+
+def has_variance(rewards: Sequence[float]) -> bool:
+    """Whether a group's rewards differ (a group of equal rewards carries no signal)."""
+    return len(rewards) > 1 and max(rewards) - min(rewards) > 1e-9
+
+
+def reward_metrics(groups: Sequence[RolloutGroup]) -> Metrics:
+    """``reward/mean``/``std`` of the totals and of each reward over all completions."""
+    totals = [r for g in groups for r in g.rewards]
+    metrics: Metrics = {
+        "reward/mean": statistics.fmean(totals),
+        "reward/std": statistics.pstdev(totals),
+    }
+    names = list(groups[0].reward_components) if groups else []
+    for name in names:
+        values = [v for g in groups for v in g.reward_components[name] if v is not None]
+        if values:
+            metrics[f"reward/{name}/mean"] = statistics.fmean(values)
+            metrics[f"reward/{name}/std"] = statistics.pstdev(values)
+    return metrics
+
+
+def completion_metrics(groups: Sequence[RolloutGroup]) -> Metrics:
+    """Lengths, truncation and zero-variance shares of the sampled completions."""
+    completions = [c for g in groups for c in g.completions]
+    lengths = [len(c.token_ids) for c in completions]
+    return {
+        "response_length/mean": statistics.fmean(lengths),
+        "response_length/max": float(max(lengths)),
+        "response_length/truncated_frac": statistics.fmean(
+            1.0 if c.finish_reason == "length" else 0.0 for c in completions
+        ),
+        "rollout/zero_std_frac": statistics.fmean(
+            0.0 if has_variance(g.rewards) else 1.0 for g in groups
+        ),
+    }

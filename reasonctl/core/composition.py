@@ -1,0 +1,193 @@
+"""Building the parts of a run from the config, through the registry.
+
+The runner (:mod:`reasonctl.core.runner`) is the only composer of a training run, and
+``reasonctl eval`` composes an evaluation the same way; both use these functions so a part
+is built one way everywhere: the backend, the model source, the chat processor, the
+dataset (seen through :class:`~reasonctl.data.datasets.DatasetView`, which applies the
+``[data]`` prompt options), the reward set, the reference model, the rollout engine (with
+its ``[rollout.<engine>]`` section) and the evaluator. Heavy packages are imported inside
+the functions that need them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reasonctl.core.errors import ConfigError, ReasonctlError
+from reasonctl.core.protocols import (
+    Needs,
+    RunContext,
+    SupportsReferenceModel,
+    skipped_rows,
+)
+
+if TYPE_CHECKING:
+    from reasonctl.core.protocols import (
+        Algorithm,
+        Backend,
+        Dataset,
+        Evaluator,
+        Processor,
+        RolloutEngine,
+    )
+    from reasonctl.core.reward_set import RewardSet
+    from reasonctl.core.types import Sample
+
+
+def build_component(ctx: RunContext, kind: str, section: str, name: str,
+                    config: Any = None) -> Any:
+    """Build registered component ``name`` of ``kind`` with its ``[section.name]`` config.
+
+    ``config`` replaces the configured section (e.g. an evaluation dataset's path).
+    """
+    spec = ctx.registry.get(kind, name)
+    options = config if config is not None else ctx.component_config(section, name)
+    return spec.build(options, ctx=ctx)
+
+
+def build_backend(ctx: RunContext) -> Backend:
+    """The configured backend (not yet set up)."""
+    return build_component(ctx, "backend", "backend", ctx.config.backend.name)
+
+
+def build_algorithm(ctx: RunContext) -> Algorithm:
+    """The configured algorithm."""
+    return build_component(ctx, "algorithm", "algorithm", ctx.config.algorithm.name)
+
+
+def compose(ctx: RunContext, needs: Needs) -> None:
+    """Build what ``needs`` asks for (and the evaluator ``[eval]`` asks for) into ``ctx``.
+
+    Called after ``backend.setup(ctx)`` and before the algorithm's ``setup`` and any resume,
+    so the reference model holds the starting weights.
+    """
+    from reasonctl.models.loading import ensure_model_source
+
+    ensure_model_source(ctx)
+    periodic_eval = bool(ctx.config.eval.data and ctx.config.eval.every_steps)
+    if needs.processor or periodic_eval:
+        ctx.processor = build_processor(ctx)
+    if needs.dataset:
+        ctx.dataset = build_dataset(ctx)
+        ctx.skipped_rows += skipped_rows(ctx.dataset)
+        if ctx.skipped_rows:
+            ctx.info(f"skipped {ctx.skipped_rows} malformed data row(s) "
+                     "(data.on_bad_row = 'skip')")
+    if needs.rewards:
+        ctx.rewards = build_reward_set(ctx)
+    if needs.reference_model:
+        build_reference_model(ctx)
+    if needs.rollout_engine or periodic_eval:
+        ctx.engine = build_rollout_engine(ctx)
+    if periodic_eval:
+        ctx.evaluator = build_evaluator(ctx)
+
+
+def build_processor(ctx: RunContext) -> Processor:
+    """The chat processor of the run's tokenizer directory (``model.max_length``)."""
+    from reasonctl.data.processing import ChatProcessor
+    from reasonctl.models.loading import ensure_model_source
+
+    source = ensure_model_source(ctx)
+    return ChatProcessor.from_pretrained(
+        source.tokenizer_dir, max_length=ctx.config.model.max_length,
+        trust_remote_code=ctx.config.model.trust_remote_code,
+    )
+
+
+def build_dataset(ctx: RunContext, *, path: str | None = None,
+                  format_name: str | None = None) -> Dataset:
+    """The configured dataset format, seen through the ``[data]`` options.
+
+    ``path`` replaces the format's data location (its ``path``, ``name`` or ``root``
+    option), e.g. for an evaluation set; ``format_name`` replaces ``data.format``.
+    """
+    from reasonctl.data.datasets import DatasetView
+
+    name = format_name or ctx.config.data.format
+    options = ctx.component_config("data", name)
+    if path is not None:
+        options = _with_data_location(options, name, path)
+    dataset = build_component(ctx, "dataset", "data", name, options)
+    return DatasetView.for_run(dataset, ctx.config.data)
+
+
+DATA_LOCATION_KEYS = ("path", "name", "root")
+"""The option of a dataset format's config that names its data (jsonl/llava, hf, video_folder)."""
+
+
+def _with_data_location(options: Any, format_name: str, path: str) -> Any:
+    fields = type(options).model_fields if options is not None else {}
+    key = next((k for k in DATA_LOCATION_KEYS if k in fields), None)
+    if key is None:
+        raise ConfigError([f"data.format {format_name!r} has no path/name/root option to point "
+                           "at other data; configure the evaluation data in its own section"])
+    return options.model_copy(update={key: path})
+
+
+def build_reward_set(ctx: RunContext) -> RewardSet:
+    """The ``[[rewards.components]]`` of the run as one weighted reward set."""
+    from reasonctl.core.reward_set import RewardSet
+
+    return RewardSet.from_config(ctx.config, ctx.registry)
+
+
+def build_reference_model(ctx: RunContext) -> None:
+    """Ask the backend for a frozen copy of the starting weights (KL reference)."""
+    backend = ctx.backend
+    if not isinstance(backend, SupportsReferenceModel):
+        raise ReasonctlError(
+            f"algorithm {ctx.config.algorithm.name!r} needs a reference model (e.g. a KL "
+            f"penalty), but backend {ctx.config.backend.name!r} cannot build one; choose "
+            "another backend or turn the KL term off"
+        )
+    backend.build_reference_model()
+
+
+def build_rollout_engine(ctx: RunContext) -> RolloutEngine:
+    """The engine named by ``rollout.engine``, with its ``[rollout.<engine>]`` section."""
+    return build_component(ctx, "rollout_engine", "rollout", ctx.config.rollout.engine)
+
+
+def build_evaluator(ctx: RunContext) -> Evaluator:
+    """The periodic evaluation of ``[eval] data`` on this data-parallel rank's share."""
+    from reasonctl.evaluation.periodic import PeriodicEvaluator
+
+    samples = build_eval_samples(ctx)
+    backend = ctx.backend
+    if backend is not None and backend.world_size > 1:
+        samples = samples[backend.rank :: backend.world_size]
+    return PeriodicEvaluator(samples, answer_format=ctx.config.eval.answer_format,
+                             source=Path(str(ctx.config.eval.data)).stem)
+
+
+def build_eval_samples(ctx: RunContext, data: str | None = None, *,
+                       max_samples: int | None = None) -> list[Sample]:
+    """The first ``max_samples`` (or ``eval.max_samples``) evaluation samples.
+
+    ``data`` (a file, directory or dataset name; default ``[eval] data``) is read with the
+    configured ``data.format`` (a ``.json`` file with LLaVA ``conversations`` is read as
+    ``llava`` unless ``data.format`` is set explicitly), through the same ``[data]`` prompt
+    options as the training data.
+    """
+    config = ctx.config
+    path = data or config.eval.data
+    if path is None:
+        raise ConfigError(["eval.data: no evaluation data; pass --data FILE or set eval.data"])
+    fmt = config.data.format
+    if "format" not in config.data.model_fields_set and _is_llava_file(Path(path)):
+        fmt = "llava"
+    dataset = build_dataset(ctx, path=path, format_name=fmt)
+    if len(dataset) == 0:
+        raise ReasonctlError(f"the evaluation data {path} holds no samples")
+    limit = max_samples or config.eval.max_samples
+    count = len(dataset) if limit is None else min(limit, len(dataset))
+    return [dataset[i] for i in range(count)]
+
+
+def _is_llava_file(path: Path) -> bool:
+    if path.suffix != ".json" or not path.is_file():
+        return False
+    head = path.read_text(encoding="utf-8", errors="replace")[:4096]
+    return head.lstrip().startswith("[") and '"conversations"' in head
