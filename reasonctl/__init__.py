@@ -82,11 +82,13 @@ if TYPE_CHECKING:
         store_completion_logprobs,
     )
     from reasonctl.algorithms.rollouts import (
+        generate_completions,
         has_variance,
         mix_seed,
         reward_metrics,
         sample_groups,
         sampling_params,
+        score_groups,
         step_seed,
         sync_engine_weights,
     )
@@ -110,6 +112,8 @@ _LAZY: dict[str, str] = {
     "mix_seed": "reasonctl.algorithms.rollouts",
     "reward_metrics": "reasonctl.algorithms.rollouts",
     "sample_groups": "reasonctl.algorithms.rollouts",
+    "generate_completions": "reasonctl.algorithms.rollouts",
+    "score_groups": "reasonctl.algorithms.rollouts",
     "sampling_params": "reasonctl.algorithms.rollouts",
     "step_seed": "reasonctl.algorithms.rollouts",
     "sync_engine_weights": "reasonctl.algorithms.rollouts",
@@ -196,6 +200,7 @@ __all__ = [
     "chunked",
     "collate",
     "collate_policy_rows",
+    "generate_completions",
     "get_component",
     "group_advantages",
     "has_variance",
@@ -212,6 +217,7 @@ __all__ = [
     "run",
     "sample_groups",
     "sampling_params",
+    "score_groups",
     "score_samples",
     "shard",
     "step_seed",

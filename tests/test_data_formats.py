@@ -8,19 +8,27 @@ from typing import Any
 
 import pytest
 
-from reasonctl.core.config import DataSection
+from reasonctl.core.composition import build_dataset
+from reasonctl.core.config import load_config
 from reasonctl.core.errors import DataError
+from reasonctl.core.lifecycle import LifecycleHooks
+from reasonctl.core.protocols import RunContext
 from reasonctl.core.types import ContentPart
 from tests.data_factories import write_chat_jsonl, write_png
 
 
 @pytest.fixture
-def build(plugin_host):
-    """``build(format, config_dict, **data_options)`` through the plugin registry."""
+def build(plugin_host, tmp_path):
+    """``build(format, config_dict, **data_options)`` as a run builds it: through the plugin
+    registry, with the ``[data]`` options applied by the run's dataset view."""
 
     def make(name: str, config: dict[str, Any], **data: Any):
-        spec = plugin_host.registry.get("dataset", name)
-        return spec.build(config, data=DataSection(format=name, **data))
+        values = {"data": {"format": name, name: config, **data},
+                  "run": {"output_dir": str(tmp_path / "run")}}
+        run_config = load_config([], registry=plugin_host.registry, values=values)
+        ctx = RunContext(config=run_config, registry=plugin_host.registry,
+                         hooks=LifecycleHooks(None), output_dir=tmp_path / "run")
+        return build_dataset(ctx)
 
     return make
 
@@ -86,7 +94,7 @@ def test_jsonl_bad_rows_stop_with_file_line_or_are_skipped(tmp_path, build):
     with pytest.raises(DataError, match=rf"^{path}:2: invalid JSON"):
         build("jsonl", {"path": str(path)})
     dataset = build("jsonl", {"path": str(path)}, on_bad_row="skip")
-    assert [s.source for s in dataset.samples] == [f"{path}:1", f"{path}:6"]
+    assert [s.source for s in list(dataset)] == [f"{path}:1", f"{path}:6"]
     assert dataset.skipped_rows == 3
     with pytest.raises(DataError, match=r"rows.jsonl:4: messages\[0\] has role 'robot'"):
         build("jsonl", {"path": str(write_chat_jsonl(tmp_path / "rows.jsonl", [
@@ -142,7 +150,7 @@ def test_llava_tags_place_media_where_they_appear(tmp_path, build):
     annotation.parent.mkdir()
     annotation.write_text(json.dumps(rows, indent=2))
     dataset = build("llava", {"path": str(annotation), "media_root": str(tmp_path / "imgs")})
-    one, two, three = dataset.samples
+    one, two, three = list(dataset)
     assert parts(one) == [("user", "image:a.png"), ("user", "text:What is this?"),
                           ("assistant", "text:A dog.")]
     assert one.meta == {"id": "one"}
@@ -197,9 +205,9 @@ def test_hf_saved_dataset_with_split_slicing_and_column_mapping(tmp_path, build)
     columns = {"prompt": "question", "response": "solution", "reference": "label"}
     dataset = build("hf", {"name": str(tmp_path / "dd"), "split": "train[2:5]",
                            "columns": columns})
-    assert [parts(s) for s in dataset.samples][0] == [("user", "text:q2"),
+    assert [parts(s) for s in list(dataset)][0] == [("user", "text:q2"),
                                                       ("assistant", "text:s2")]
-    assert [s.reference for s in dataset.samples] == ["2", "3", "4"]
+    assert [s.reference for s in list(dataset)] == ["2", "3", "4"]
     assert dataset[0].source == f"{tmp_path / 'dd'}[train]:2"
     assert len(build("hf", {"name": str(tmp_path / "dd"), "split": "test",
                             "columns": columns})) == 2
@@ -262,7 +270,7 @@ def test_video_folder_matches_videos_to_metas(tmp_path, build):
     assert str(root / "metas" / "c.label.json") in message
     dataset = build("video_folder", config, on_bad_row="skip")
     assert dataset.skipped_rows == 2 and len(dataset) == 2
-    a, b = dataset.samples
+    a, b = list(dataset)
     assert parts(a) == [("user", f"video:a{suffix}"), ("user", "text:Describe clip a."),
                         ("assistant", "text:A car turns.")]
     assert a.reference == "A car turns." and a.messages[0].content[0].fps == 4.0

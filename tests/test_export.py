@@ -132,8 +132,8 @@ def test_vision_language_sft_with_frozen_tower_exports_and_reloads(tmp_path: Pat
 
         @hookimpl
         def on_run_end(self, ctx: Any, status: str, error: Any) -> None:
-            self.batch = collate([ctx.state["processor"].encode_sft(s) for s in samples],
-                                 ctx.state["processor"].pad_id)
+            self.batch = collate([ctx.processor.encode_sft(s) for s in samples],
+                                 ctx.processor.pad_id)
             self.logprobs = ctx.backend.token_outputs(self.batch).logprobs
 
     final = Final()

@@ -63,6 +63,9 @@ class ToyAlgorithm:
         self.config = config
         self.updates = 0
 
+    def needs(self) -> reasonctl.Needs:
+        return reasonctl.Needs(processor=False, dataset=False)
+
     def setup(self, ctx: Any) -> None:
         ctx.total_steps = ctx.config.train.max_steps or 10
 

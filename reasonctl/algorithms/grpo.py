@@ -45,10 +45,11 @@ from reasonctl.algorithms.policy_batch import (
 )
 from reasonctl.algorithms.rollouts import (
     completion_metrics,
+    generate_completions,
     has_variance,
     mix_seed,
     reward_metrics,
-    sample_groups,
+    score_groups,
     step_seed,
     sync_engine_weights,
 )
@@ -73,6 +74,7 @@ class _Rollout:
     rounds: int = 0
     generated_tokens: int = 0
     generate_seconds: float = 0.0
+    reward_seconds: float = 0.0
 
 
 @dataclass
@@ -214,9 +216,13 @@ class GRPO:
             wanted = per_rank - len(out.kept) if backend.world_size == 1 else per_rank
             samples = self._next_samples(ctx, wanted * backend.world_size, backend)
             generate_started = time.perf_counter()
-            groups = sample_groups(ctx, samples, seed=step_seed(ctx, round_index),
-                                   mcq_layout=cfg.mcq_layout)
-            elapsed = time.perf_counter() - generate_started
+            encoded, completions = generate_completions(
+                ctx, samples, seed=step_seed(ctx, round_index), mcq_layout=cfg.mcq_layout
+            )
+            reward_started = time.perf_counter()
+            groups = score_groups(ctx, samples, encoded, completions)
+            out.reward_seconds += time.perf_counter() - reward_started
+            out.generate_seconds += reward_started - generate_started
             out.generated_tokens += sum(len(c.token_ids) for g in groups for c in g.completions)
             first = len(out.groups)
             out.groups += groups
@@ -225,7 +231,6 @@ class GRPO:
                 out.kept += [i for i in new if has_variance(out.groups[i].rewards)]
             else:
                 out.kept += list(new)
-            out.generate_seconds += elapsed
             out.rounds = round_index + 1
             if not cfg.dynamic_sampling or self._enough(len(out.kept), per_rank, backend):
                 break
@@ -389,6 +394,7 @@ class GRPO:
                 if rollout.generate_seconds > 0 else 0.0
             ),
             "time/rollout_s": rollout.generate_seconds,
+            "time/reward_s": rollout.reward_seconds,
         })
         return metrics
 

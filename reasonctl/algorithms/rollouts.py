@@ -71,20 +71,34 @@ def sample_groups(
     call :func:`sync_engine_weights` once per step before the first call. ``params``
     defaults to :func:`sampling_params` with ``seed``. Each returned group carries the
     encoded prompt (``group.prompt``), the completions, their weighted ``rewards`` and the
-    per-reward ``reward_components``.
+    per-reward ``reward_components``. It is :func:`generate_completions` followed by
+    :func:`score_groups`.
     """
+    encoded, completions = generate_completions(ctx, samples, seed=seed, params=params,
+                                                mcq_layout=mcq_layout)
+    return score_groups(ctx, samples, encoded, completions)
+
+
+def generate_completions(
+    ctx: RunContext,
+    samples: Sequence[Sample],
+    *,
+    seed: int | None,
+    params: SamplingParams | None = None,
+    mcq_layout: bool = True,
+) -> tuple[list[EncodedSample], list[list[Completion]]]:
+    """The encoded prompts of ``samples`` and the completions the engine sampled for each."""
     processor, engine, rewards = ctx.processor, ctx.engine, ctx.rewards
     if processor is None or engine is None or rewards is None:
         missing = [name for name, part in (("processor", processor), ("rollout_engine", engine),
                                            ("rewards", rewards)) if part is None]
         raise ReasonctlError(
-            f"sample_groups needs the run's {', '.join(missing)}: return "
+            f"sampling rollouts needs the run's {', '.join(missing)}: return "
             "reasonctl.Needs(rollout_engine=True, rewards=True) from the algorithm's needs()"
         )
     encoded = [processor.encode_prompt(s, mcq_layout=mcq_layout) for s in samples]
     params = params or sampling_params(ctx.config, seed=seed)
-    completions = engine.generate([e.as_prompt() for e in encoded], params)
-    return score_groups(ctx, samples, encoded, completions)
+    return encoded, engine.generate([e.as_prompt() for e in encoded], params)
 
 
 def score_groups(

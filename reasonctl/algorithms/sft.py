@@ -10,12 +10,12 @@ micro-batches, all ranks), so the gradient does not depend on how the batch is s
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from reasonctl.algorithms.sampling import BatchLayout, EpochSampler
+from reasonctl.algorithms.sft_config import SFTConfig
 from reasonctl.core.errors import ConfigError, DataError
 from reasonctl.core.protocols import (
     Backend,
@@ -28,18 +28,6 @@ from reasonctl.core.protocols import (
 )
 from reasonctl.core.types import Metrics
 from reasonctl.data.processing import EncodedSample, collate
-
-
-class SFTConfig(BaseModel):
-    """``[algorithm.sft]``: options of supervised fine-tuning."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    loss_reduction: Literal["token", "sample"] = Field(
-        default="token",
-        description="token: mean over all target tokens of the global batch; sample: mean "
-        "over samples of each sample's mean token loss.",
-    )
 
 
 class SFTAlgorithm:

@@ -62,9 +62,6 @@ def compose(ctx: RunContext, needs: Needs) -> None:
     Called after ``backend.setup(ctx)`` and before the algorithm's ``setup`` and any resume,
     so the reference model holds the starting weights.
     """
-    from reasonctl.models.loading import ensure_model_source
-
-    ensure_model_source(ctx)
     periodic_eval = bool(ctx.config.eval.data and ctx.config.eval.every_steps)
     if needs.processor or periodic_eval:
         ctx.processor = build_processor(ctx)

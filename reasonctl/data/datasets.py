@@ -8,7 +8,7 @@ honours them alike. :func:`shard` gives a rank its share of a global list.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from reasonctl.core.protocols import Dataset, skipped_rows
@@ -60,6 +60,9 @@ class DatasetView:
 
     def __len__(self) -> int:
         return self.size
+
+    def __iter__(self) -> Iterator[Sample]:
+        return (self[i] for i in range(self.size))
 
     def __getitem__(self, index: int) -> Sample:
         if not -self.size <= index < self.size:
