@@ -153,7 +153,7 @@ def test_jsonl_appends_one_flushed_record_per_step(host: PluginHost, tmp_path: P
     assert records[1] == {"step": 2, "time": records[1]["time"], "loss": "NaN",
                           "kl": "Infinity", "entropy": "-Infinity"}
 
-    from reasonctl.plugins.loggers.jsonl import read_metrics
+    from reasonctl.loggers.metrics_file import read_metrics
 
     decoded = read_metrics(path)[1]
     assert math.isnan(decoded["loss"]) and decoded["kl"] == math.inf
@@ -236,7 +236,7 @@ def test_jsonl_close_draws_training_curves(host: PluginHost, tmp_path: Path) -> 
 
 
 def test_panels_follow_key_metrics_or_fall_back(tmp_path: Path) -> None:
-    from reasonctl.plugins.loggers.plot import choose_panels, plot_training_curves
+    from reasonctl.loggers.plot import choose_panels, plot_training_curves
 
     records = [{"step": 1, "time": 1.0, "loss": 1.0, "entropy/mean": 2.0, "response_length": 9,
                 "note": "text", "step_time_s": 0.1}]
@@ -383,7 +383,7 @@ def test_wandb_offline_run_holds_metrics_and_no_secrets(
 
 
 def test_wandb_mode_and_argv_redaction() -> None:
-    from reasonctl.plugins.loggers.wandb import redact_argv, resolve_mode
+    from reasonctl.loggers.wandb import redact_argv, resolve_mode
 
     assert resolve_mode(None, {}) == "offline"
     assert resolve_mode(None, {"WANDB_API_KEY": "k" * 40}) == "online"
@@ -429,7 +429,7 @@ def test_console_every_steps_and_final_step(host: PluginHost, tmp_path: Path,
 
 
 def test_console_progress_bar(capsys: pytest.CaptureFixture[str]) -> None:
-    from reasonctl.plugins.loggers.console import ConsoleLogger
+    from reasonctl.loggers.console import ConsoleLogger
 
     logger = ConsoleLogger(5, interactive=True)
     for step in range(1, 6):
@@ -440,7 +440,7 @@ def test_console_progress_bar(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_number_formats() -> None:
-    from reasonctl.plugins.loggers.console import (
+    from reasonctl.loggers.console import (
         format_count,
         format_duration,
         format_lr,

@@ -10,7 +10,7 @@ from reasonctl.core.errors import ConfigError
 from reasonctl.core.plugins import PluginHost, hookimpl
 from reasonctl.core.registry import Registry
 from reasonctl.core.types import ContentPart, Message, Sample
-from reasonctl.plugins.rewards.answers import (
+from reasonctl.rewards.answers import (
     extract_boxed,
     extract_choice_letter,
     extract_final_number,
@@ -18,7 +18,7 @@ from reasonctl.plugins.rewards.answers import (
     numbers_match,
     parse_number,
 )
-from reasonctl.plugins.rewards.length import overlong_penalty
+from reasonctl.rewards.length import overlong_penalty
 
 
 def sample(reference: object = None, **meta: object) -> Sample:

@@ -19,7 +19,8 @@ import pytest
 from reasonctl.core.config import load_config
 from reasonctl.core.plugins import PluginHost
 from reasonctl.core.storage import StorageError, fetch_model, model_cache_dir, open_storage
-from reasonctl.plugins.storage.s3 import S3StorageConfig, build_s3_storage
+from reasonctl.plugins.storage.s3 import build_s3_storage
+from reasonctl.storage.s3.config import S3StorageConfig
 from tests.storage_servers import Bucket, S3Server, use_server
 
 MIB = 1024 * 1024
