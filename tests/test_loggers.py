@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -472,3 +473,30 @@ def test_runner_drives_the_loggers(host: PluginHost, tmp_path: Path,
     assert (tmp_path / "run" / "training_curves.png").stat().st_size > 0
     assert [s for s, _ in scalars(tmp_path / "run" / "tensorboard")["loss"]] == [3, 6, 9, 10]
     assert "step 10/10 (100%) | loss 0.001953 | lr 1.00e-05" in capsys.readouterr().err
+
+
+def test_logger_registration_loads_each_logger_only_when_its_hook_runs() -> None:
+    """Importing the registration modules loads no logger; their hooks register factories and
+    config models from ``reasonctl.loggers`` without importing wandb, matplotlib or torch."""
+    script = """
+import json, sys
+from reasonctl.plugins.loggers import console, jsonl, tensorboard, wandb
+before = sorted(m for m in sys.modules if m.startswith("reasonctl.loggers"))
+seen = {}
+def register(name, factory, *, config_model=None, description=""):
+    seen[name] = [factory.__module__, config_model.__module__]
+for module in (console, jsonl, tensorboard, wandb):
+    module.register_loggers(register)
+heavy = [m for m in ("wandb", "matplotlib", "torch") if m in sys.modules]
+print(json.dumps({"before": before, "seen": seen, "heavy": heavy}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["before"] == []
+    assert report["seen"] == {
+        name: [f"reasonctl.loggers.{name}"] * 2
+        for name in ("console", "jsonl", "tensorboard", "wandb")
+    }
+    assert report["heavy"] == []
