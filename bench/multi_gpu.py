@@ -283,7 +283,7 @@ class Runner:
 
     def run(self, name: str, config: Path, nproc: int, sets: dict[str, Any]) -> dict[str, Any]:
         """One run in a fresh ``<out>/runs/<name>``; its metric rows, exit code and wall time."""
-        from reasonctl.plugins.loggers.jsonl import read_metrics
+        from reasonctl.loggers.metrics_file import read_metrics
 
         output_dir = self.root / "runs" / name
         shutil.rmtree(output_dir, ignore_errors=True)

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from reasonctl.core.config import load_config
 from reasonctl.core.plugins import PluginHost
 from reasonctl.core.runner import run
-from reasonctl.plugins.loggers.jsonl import read_metrics
+from reasonctl.loggers.metrics_file import read_metrics
 
 STEPS = 6
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -152,7 +153,7 @@ def test_jsonl_appends_one_flushed_record_per_step(host: PluginHost, tmp_path: P
     assert records[1] == {"step": 2, "time": records[1]["time"], "loss": "NaN",
                           "kl": "Infinity", "entropy": "-Infinity"}
 
-    from reasonctl.plugins.loggers.jsonl import read_metrics
+    from reasonctl.loggers.metrics_file import read_metrics
 
     decoded = read_metrics(path)[1]
     assert math.isnan(decoded["loss"]) and decoded["kl"] == math.inf
@@ -235,7 +236,7 @@ def test_jsonl_close_draws_training_curves(host: PluginHost, tmp_path: Path) -> 
 
 
 def test_panels_follow_key_metrics_or_fall_back(tmp_path: Path) -> None:
-    from reasonctl.plugins.loggers.plot import choose_panels, plot_training_curves
+    from reasonctl.loggers.plot import choose_panels, plot_training_curves
 
     records = [{"step": 1, "time": 1.0, "loss": 1.0, "entropy/mean": 2.0, "response_length": 9,
                 "note": "text", "step_time_s": 0.1}]
@@ -382,7 +383,7 @@ def test_wandb_offline_run_holds_metrics_and_no_secrets(
 
 
 def test_wandb_mode_and_argv_redaction() -> None:
-    from reasonctl.plugins.loggers.wandb import redact_argv, resolve_mode
+    from reasonctl.loggers.wandb import redact_argv, resolve_mode
 
     assert resolve_mode(None, {}) == "offline"
     assert resolve_mode(None, {"WANDB_API_KEY": "k" * 40}) == "online"
@@ -428,7 +429,7 @@ def test_console_every_steps_and_final_step(host: PluginHost, tmp_path: Path,
 
 
 def test_console_progress_bar(capsys: pytest.CaptureFixture[str]) -> None:
-    from reasonctl.plugins.loggers.console import ConsoleLogger
+    from reasonctl.loggers.console import ConsoleLogger
 
     logger = ConsoleLogger(5, interactive=True)
     for step in range(1, 6):
@@ -439,7 +440,7 @@ def test_console_progress_bar(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_number_formats() -> None:
-    from reasonctl.plugins.loggers.console import (
+    from reasonctl.loggers.console import (
         format_count,
         format_duration,
         format_lr,
@@ -471,3 +472,30 @@ def test_runner_drives_the_loggers(host: PluginHost, tmp_path: Path,
     assert (tmp_path / "run" / "training_curves.png").stat().st_size > 0
     assert [s for s, _ in scalars(tmp_path / "run" / "tensorboard")["loss"]] == [3, 6, 9, 10]
     assert "step 10/10 (100%) | loss 0.001953 | lr 1.00e-05" in capsys.readouterr().err
+
+
+def test_logger_registration_loads_each_logger_only_when_its_hook_runs() -> None:
+    """Importing the registration modules loads no logger; their hooks register factories and
+    config models from ``reasonctl.loggers`` without importing wandb, matplotlib or torch."""
+    script = """
+import json, sys
+from reasonctl.plugins.loggers import console, jsonl, tensorboard, wandb
+before = sorted(m for m in sys.modules if m.startswith("reasonctl.loggers"))
+seen = {}
+def register(name, factory, *, config_model=None, description=""):
+    seen[name] = [factory.__module__, config_model.__module__]
+for module in (console, jsonl, tensorboard, wandb):
+    module.register_loggers(register)
+heavy = [m for m in ("wandb", "matplotlib", "torch") if m in sys.modules]
+print(json.dumps({"before": before, "seen": seen, "heavy": heavy}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["before"] == []
+    assert report["seen"] == {
+        name: [f"reasonctl.loggers.{name}"] * 2
+        for name in ("console", "jsonl", "tensorboard", "wandb")
+    }
+    assert report["heavy"] == []

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 from pydantic import ValidationError
 
@@ -10,7 +14,7 @@ from reasonctl.core.errors import ConfigError
 from reasonctl.core.plugins import PluginHost, hookimpl
 from reasonctl.core.registry import Registry
 from reasonctl.core.types import ContentPart, Message, Sample
-from reasonctl.plugins.rewards.answers import (
+from reasonctl.rewards.answers import (
     extract_boxed,
     extract_choice_letter,
     extract_final_number,
@@ -18,7 +22,7 @@ from reasonctl.plugins.rewards.answers import (
     numbers_match,
     parse_number,
 )
-from reasonctl.plugins.rewards.length import overlong_penalty
+from reasonctl.rewards.length import overlong_penalty
 
 
 def sample(reference: object = None, **meta: object) -> Sample:
@@ -94,6 +98,37 @@ def test_rewards_are_registered_by_the_installed_plugin(registry: Registry) -> N
         assert rewards[name] == "reasonctl"
         assert registry.get("reward", name).config_model is not None
 
+
+
+def test_rewards_registration_loads_the_rewards_only_when_its_hook_runs() -> None:
+    """The registration module imports no reward; its hook registers each reward with the
+    config model kept next to it in ``reasonctl.rewards``, without importing torch."""
+    script = """
+import json, sys
+import reasonctl.plugins.rewards as registration
+before = sorted(m for m in sys.modules if m.startswith("reasonctl.rewards"))
+seen = {}
+def register(name, factory, *, config_model=None, description=""):
+    seen[name] = [factory.__module__, config_model.__module__]
+registration.register_rewards(register)
+heavy = [m for m in ("torch", "transformers") if m in sys.modules]
+print(json.dumps({"before": before, "seen": seen, "heavy": heavy}))
+"""
+    report = run_python(script)
+    assert report["before"] == []
+    assert report["seen"] == {
+        name: [f"reasonctl.rewards.{name}"] * 2
+        for name in ("format", "choice", "math", "exact_match", "length")
+    }
+    assert report["heavy"] == []
+
+
+def run_python(script: str) -> dict:
+    """Run ``script`` in a fresh interpreter and decode the JSON it prints."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 # --- answers helpers --------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from reasonctl.core.config import load_config
 from reasonctl.core.errors import ConfigError, UnknownComponentError
 from reasonctl.core.plugins import PluginHost
 from reasonctl.core.storage import fetch_model, join_uri, open_storage, parse_uri
-from reasonctl.plugins.storage.local import LocalStorage
+from reasonctl.storage.local import LocalStorage
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,10 @@ client sees when an S3 endpoint goes away (connections reset, then refused).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +22,8 @@ import pytest
 from reasonctl.core.config import load_config
 from reasonctl.core.plugins import PluginHost
 from reasonctl.core.storage import StorageError, fetch_model, model_cache_dir, open_storage
-from reasonctl.plugins.storage.s3 import S3StorageConfig, build_s3_storage
+from reasonctl.plugins.storage.s3 import build_s3_storage
+from reasonctl.storage.s3.config import S3StorageConfig
 from tests.storage_servers import Bucket, S3Server, use_server
 
 MIB = 1024 * 1024
@@ -211,3 +215,33 @@ def test_model_uri_is_downloaded_once(
     s3.proxy.stop()  # the second call must not need the server
     assert fetch_model(host.registry, config, f"s3://{bucket}/models/tiny/") == local
     assert not [p for p in local.parent.iterdir() if ".partial-" in p.name]
+
+
+def test_registration_and_config_need_neither_boto3_nor_huggingface_hub() -> None:
+    """Registering ``s3`` and ``hf`` and validating their config imports no client; building
+    the ``s3`` storage loads its client from ``reasonctl.storage``."""
+    script = """
+import json, sys
+from reasonctl.plugins.storage import hf_hub, s3
+models = {}
+def register(name, factory, *, config_model=None, description=""):
+    models[name] = config_model.__module__
+    config_model()
+s3.register_storage(register)
+hf_hub.register_storage(register)
+clients = ("boto3", "botocore", "huggingface_hub", "reasonctl.storage.s3.client",
+           "reasonctl.storage.hub.client")
+before = [m for m in clients if m in sys.modules]
+built = type(s3.build_s3_storage(None)).__module__
+print(json.dumps({"models": models, "before": before, "built": built,
+                  "hub_client": "huggingface_hub" in sys.modules}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["models"] == {"s3": "reasonctl.storage.s3.config",
+                                "hf": "reasonctl.storage.hub.config"}
+    assert report["before"] == []
+    assert report["built"] == "reasonctl.storage.s3.client"
+    assert report["hub_client"] is False

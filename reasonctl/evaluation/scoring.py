@@ -96,7 +96,7 @@ class EvalReport:
 
 def parse_and_score(response: str, sample: Sample, answer_format: str) -> tuple[str | None, bool]:
     """The answer parsed from ``response`` and whether it matches ``sample``'s reference."""
-    from reasonctl.plugins.rewards.answers import (
+    from reasonctl.rewards.answers import (
         extract_choice_letter,
         extract_final_number,
         extract_tagged,
@@ -105,7 +105,7 @@ def parse_and_score(response: str, sample: Sample, answer_format: str) -> tuple[
         numbers_match,
         parse_number,
     )
-    from reasonctl.plugins.rewards.choice import choice_question
+    from reasonctl.rewards.choice import choice_question
 
     if answer_format not in ANSWER_FORMATS:
         raise ConfigError([f"--answer-format: {answer_format!r} is not one of "
@@ -147,7 +147,7 @@ def parse_and_score(response: str, sample: Sample, answer_format: str) -> tuple[
 
 
 def _reference_letters(letter: str | None) -> str:
-    from reasonctl.plugins.rewards.answers import LETTERS
+    from reasonctl.rewards.answers import LETTERS
 
     if letter is None:
         return LETTERS

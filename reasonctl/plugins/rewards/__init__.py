@@ -1,23 +1,29 @@
-"""First-party rule-based rewards: ``format``, ``choice``, ``math``, ``exact_match``, ``length``.
+"""Registers the first-party rule-based rewards: ``format``, ``choice``, ``math``,
+``exact_match``, ``length``.
 
-The answer parsers they use live in :mod:`reasonctl.plugins.rewards.answers` and are
-public, so evaluation scores answers exactly as training rewards them.
+The rewards and their config models live in :mod:`reasonctl.rewards`; they are imported
+when the hook runs, so importing this module costs nothing.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from reasonctl import hookimpl
-from reasonctl.core.registry import Registrar
-from reasonctl.plugins.rewards.choice import ChoiceConfig, ChoiceReward
-from reasonctl.plugins.rewards.exact_match import ExactMatchConfig, ExactMatchReward
-from reasonctl.plugins.rewards.format import FormatConfig, FormatReward
-from reasonctl.plugins.rewards.length import LengthConfig, LengthReward
-from reasonctl.plugins.rewards.math import MathConfig, MathReward
+
+if TYPE_CHECKING:
+    from reasonctl.core.registry import Registrar
 
 
 @hookimpl
 def register_rewards(register: Registrar) -> None:
     """Register the rule-based rewards with their config models."""
+    from reasonctl.rewards.choice import ChoiceConfig, ChoiceReward
+    from reasonctl.rewards.exact_match import ExactMatchConfig, ExactMatchReward
+    from reasonctl.rewards.format import FormatConfig, FormatReward
+    from reasonctl.rewards.length import LengthConfig, LengthReward
+    from reasonctl.rewards.math import MathConfig, MathReward
+
     register("format", FormatReward, config_model=FormatConfig)
     register("choice", ChoiceReward, config_model=ChoiceConfig)
     register("math", MathReward, config_model=MathConfig)

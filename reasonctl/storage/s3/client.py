@@ -1,176 +1,43 @@
-"""The ``s3://`` storage implementation (imports boto3; loaded only when S3 is used).
+"""The ``s3://`` storage client (imports boto3; loaded only when S3 is used).
 
 Uploads go through boto3's transfer manager (multipart above the threshold, parallel parts
 and files). Every object carries the sha256 of its content in its metadata
 (``x-amz-meta-sha256``). After an upload the object's size and ETag are compared with the
-values computed locally (the MD5 of the content, or for multipart uploads the MD5 of the
-part MD5s followed by ``-<parts>``); after a download the content is checked against the
-stored sha256. Files whose remote size and ETag already match are not uploaded again, so
-repeating an interrupted directory upload only sends what is missing.
+values computed locally (:mod:`reasonctl.storage.s3.digest`); after a download the content
+is checked against the stored sha256. Files whose remote size and ETag already match are
+not uploaded again, so repeating an interrupted directory upload only sends what is missing.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from reasonctl.core.errors import require
-from reasonctl.core.storage import (
-    StorageError,
-    describe_error,
-    iter_files,
-    parse_uri,
-    remove_tree,
-    retry,
+from reasonctl.core.storage import StorageError, iter_files, remove_tree, retry
+from reasonctl.storage.s3.config import MIB, S3StorageConfig, split_s3_uri
+from reasonctl.storage.s3.digest import FileDigest, file_digest, sha256_of
+from reasonctl.storage.s3.errors import (
+    S3IntegrityError,
+    TransferFailed,
+    error_code,
+    explain_error,
+    is_retryable,
 )
-from reasonctl.plugins.storage.s3 import MIB, S3StorageConfig
 
 boto3 = require("boto3", extra="s3", what="s3:// storage")
 from boto3.s3.transfer import TransferConfig, create_transfer_manager  # noqa: E402
 from botocore.config import Config  # noqa: E402
-from botocore.exceptions import (  # noqa: E402
-    ClientError,
-    EndpointConnectionError,
-    NoCredentialsError,
-)
-from s3transfer.utils import ChunksizeAdjuster  # noqa: E402
+from botocore.exceptions import ClientError  # noqa: E402
 
 SHA256_METADATA = "sha256"
-READ_BLOCK = 8 * MIB
 DELETE_BATCH = 1000
 _MD5_ETAG = re.compile(r"^[0-9a-f]{32}(-\d+)?$")
-_RETRYABLE_CODES = {
-    "RequestTimeout", "SlowDown", "Throttling", "ThrottlingException", "InternalError",
-    "ServiceUnavailable", "RequestTimeTooSkewed", "BadDigest", "IncompleteBody",
-}
 log = logging.getLogger("reasonctl.storage.s3")
-
-
-class S3IntegrityError(StorageError):
-    """An object's size, ETag or checksum does not match the local file."""
-
-
-class TransferFailed(StorageError):
-    """Some files of a transfer failed; ``failures`` maps each object URI to its error."""
-
-    def __init__(self, action: str, where: str, total: int, failures: dict[str, BaseException]):
-        self.failures = failures
-        shown = list(failures.items())[:5]
-        lines = "; ".join(f"{uri}: {explain_error(exc)}" for uri, exc in shown)
-        more = f" (and {len(failures) - len(shown)} more)" if len(failures) > len(shown) else ""
-        super().__init__(f"{len(failures)} of {total} file(s) failed to {action} {where}: "
-                         f"{lines}{more}")
-
-    @property
-    def retryable(self) -> bool:
-        """True when at least one failure may succeed on another attempt."""
-        return any(is_retryable(exc) for exc in self.failures.values())
-
-
-@dataclass(frozen=True)
-class FileDigest:
-    """Size, sha256 and the ETag S3 computes for a file uploaded with our part size."""
-
-    size: int
-    sha256: str
-    etag: str
-
-
-def split_s3_uri(uri: str) -> tuple[str, str]:
-    """``s3://bucket/some/key`` -> ``("bucket", "some/key")`` (key without outer slashes)."""
-    scheme, rest = parse_uri(uri)
-    bucket, _, key = rest.partition("/")
-    if scheme != "s3" or not bucket:
-        raise StorageError(f"{uri!r} is not an S3 URI; expected s3://bucket/prefix")
-    return bucket, key.strip("/")
-
-
-def file_digest(path: Path, part_size: int, multipart_threshold: int) -> FileDigest:
-    """Hash ``path`` once: its sha256 and the ETag an upload with these settings yields."""
-    size = path.stat().st_size
-    multipart = size >= multipart_threshold
-    chunk = ChunksizeAdjuster().adjust_chunksize(part_size, size) if multipart else size
-    sha = hashlib.sha256()
-    part = hashlib.md5(usedforsecurity=False)
-    part_digests: list[bytes] = []
-    filled = 0
-    with open(path, "rb") as handle:
-        while block := handle.read(READ_BLOCK):
-            sha.update(block)
-            view = memoryview(block)
-            while view:
-                take = len(view) if not multipart else min(len(view), chunk - filled)
-                part.update(view[:take])
-                filled += take
-                view = view[take:]
-                if multipart and filled == chunk:
-                    part_digests.append(part.digest())
-                    part, filled = hashlib.md5(usedforsecurity=False), 0
-    if not multipart:
-        return FileDigest(size, sha.hexdigest(), part.hexdigest())
-    if filled:
-        part_digests.append(part.digest())
-    combined = hashlib.md5(b"".join(part_digests), usedforsecurity=False).hexdigest()
-    return FileDigest(size, sha.hexdigest(), f"{combined}-{len(part_digests)}")
-
-
-def sha256_of(path: Path) -> str:
-    """Hex sha256 of a file's content."""
-    sha = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(READ_BLOCK):
-            sha.update(block)
-    return sha.hexdigest()
-
-
-def _error_code(exc: ClientError) -> tuple[str, int]:
-    code = str(exc.response.get("Error", {}).get("Code", ""))
-    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-    return code, status
-
-
-def is_retryable(exc: BaseException) -> bool:
-    """Whether another attempt may succeed (network and server errors, not denials)."""
-    if isinstance(exc, TransferFailed):
-        return exc.retryable
-    if isinstance(exc, (NoCredentialsError, FileNotFoundError, IsADirectoryError,
-                        PermissionError)):
-        return False
-    if isinstance(exc, ClientError):
-        code, status = _error_code(exc)
-        return status >= 500 or status in (408, 429) or code in _RETRYABLE_CODES
-    return True
-
-
-def explain_error(exc: BaseException, bucket: str = "") -> str:
-    """A one-line description of an S3 failure with what to do about it."""
-    if isinstance(exc, NoCredentialsError):
-        return ("no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-                "AWS_PROFILE, or run `aws configure`")
-    if isinstance(exc, EndpointConnectionError):
-        url = urlsplit(str(exc.kwargs.get("endpoint_url", "")))
-        return (f"cannot reach the S3 endpoint {url.scheme}://{url.netloc}; check "
-                "storage.s3.endpoint_url / AWS_ENDPOINT_URL and the network")
-    if isinstance(exc, ClientError):
-        code, status = _error_code(exc)
-        if code == "NoSuchBucket":
-            name = bucket or exc.response.get("Error", {}).get("BucketName", "")
-            return (f"bucket {name!r} does not exist; create it (e.g. `aws s3 mb s3://{name}`) "
-                    "or fix the URI")
-        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch"):
-            return ("the server rejected the credentials; check AWS_ACCESS_KEY_ID/"
-                    "AWS_SECRET_ACCESS_KEY or the AWS profile")
-        if code in ("AccessDenied", "Forbidden", "403") or status == 403:
-            return ("access denied; the credentials need s3:ListBucket, s3:GetObject, "
-                    "s3:PutObject (and s3:DeleteObject to delete) on this bucket")
-    return describe_error(exc)
 
 
 class S3Storage:
@@ -407,7 +274,7 @@ class S3Storage:
             try:
                 return self.client.head_object(Bucket=bucket, Key=key)
             except ClientError as exc:
-                if _error_code(exc)[1] == 404 or _error_code(exc)[0] in ("404", "NoSuchKey"):
+                if error_code(exc)[1] == 404 or error_code(exc)[0] in ("404", "NoSuchKey"):
                     return None
                 raise
 
@@ -461,4 +328,4 @@ def _common_prefix(keys: list[str]) -> str:
     return "/".join(common[: min(len(p) for p in parts) - 1])
 
 
-__all__ = ["S3Storage", "file_digest", "split_s3_uri"]
+__all__ = ["S3Storage"]

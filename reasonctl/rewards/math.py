@@ -13,14 +13,14 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from reasonctl.core.types import Sample
-from reasonctl.plugins.rewards.answers import (
+from reasonctl.rewards.answers import (
     extract_boxed,
     extract_final_number,
     extract_tagged,
     math_answers_match,
     numbers_match,
 )
-from reasonctl.plugins.rewards.base import PerSampleReward, RewardConfig, check_tag
+from reasonctl.rewards.base import PerSampleReward, RewardConfig, check_tag
 
 
 class MathConfig(RewardConfig):

@@ -1,7 +1,7 @@
 """Training curves: a PNG with one panel per key metric found in a metrics file.
 
 Drawn at the end of a run by the ``jsonl`` logger when ``logging.plot`` is true, from
-``metrics.jsonl``. Panels follow :data:`~reasonctl.plugins.loggers.metric_names.KEY_METRICS`
+``metrics.jsonl``. Panels follow :data:`~reasonctl.loggers.metric_names.KEY_METRICS`
 (loss, reward, learning rate, gradient norm, KL, entropy, response length, tokens/s); a run
 that logs none of them gets a panel for each of its first numeric metrics instead. Long
 noisy series are drawn faintly with an exponential moving average on top; the reward panel
@@ -18,8 +18,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reasonctl.plugins.loggers.jsonl import read_metrics
-from reasonctl.plugins.loggers.metric_names import KEY_METRICS, STEP_TIME, as_float, find_name
+from reasonctl.loggers.metric_names import KEY_METRICS, STEP_TIME, as_float, find_name
+from reasonctl.loggers.metrics_file import read_metrics
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -24,8 +24,8 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from reasonctl.core.types import Sample
-from reasonctl.plugins.rewards.answers import extract_choice_letter, extract_tagged, normalize_text
-from reasonctl.plugins.rewards.base import PerSampleReward, RewardConfig, check_tag
+from reasonctl.rewards.answers import extract_choice_letter, extract_tagged, normalize_text
+from reasonctl.rewards.base import PerSampleReward, RewardConfig, check_tag
 
 
 class ChoiceConfig(RewardConfig):
@@ -88,7 +88,7 @@ def choice_question(sample: Sample, letters: str = string.ascii_uppercase) -> Ch
         letter = valid[answer] if 0 <= answer < len(valid) else None
         return ChoiceQuestion(options, letter, None)
     text = str(answer).strip()
-    letter = _option_letter(text, options) or extract_choice_letter(text, letters=valid)
+    letter = option_letter(text, options) or extract_choice_letter(text, letters=valid)
     return ChoiceQuestion(options, letter, None if letter else text)
 
 
@@ -102,7 +102,7 @@ def choice_score(text: str, sample: Sample, config: ChoiceConfig) -> float | Non
     if answer is None:
         answer = text
     valid = question.valid_letters(config.letters)
-    picked = extract_choice_letter(answer, letters=valid) or _option_letter(
+    picked = extract_choice_letter(answer, letters=valid) or option_letter(
         answer, question.options
     )
     if question.letter is not None:
@@ -129,7 +129,7 @@ def _options(raw: Any, letters: str) -> dict[str, str]:
     return {}
 
 
-def _option_letter(text: str, options: Mapping[str, str]) -> str | None:
+def option_letter(text: str, options: Mapping[str, str]) -> str | None:
     """The letter whose option text equals ``text`` (case and spacing ignored)."""
     key = normalize_text(text)
     for letter, option in options.items():

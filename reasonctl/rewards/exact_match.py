@@ -7,8 +7,8 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from reasonctl.core.types import Sample
-from reasonctl.plugins.rewards.answers import extract_tagged, normalize_text
-from reasonctl.plugins.rewards.base import PerSampleReward, RewardConfig, check_tag
+from reasonctl.rewards.answers import extract_tagged, normalize_text
+from reasonctl.rewards.base import PerSampleReward, RewardConfig, check_tag
 
 
 class ExactMatchConfig(RewardConfig):

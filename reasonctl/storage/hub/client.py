@@ -1,4 +1,4 @@
-"""The ``hf://`` storage implementation (imports huggingface_hub; loaded only when used).
+"""The ``hf://`` storage client (imports huggingface_hub; loaded only when used).
 
 Uploads use ``HfApi.upload_file`` / ``upload_folder`` (which, with ``hf_xet`` installed,
 streams large folders in several commits and resumes by re-running). Downloads go to a
@@ -14,21 +14,12 @@ import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import quote, unquote
 
 from reasonctl.core.errors import require
-from reasonctl.core.storage import (
-    StorageError,
-    describe_error,
-    iter_files,
-    parse_uri,
-    remove_tree,
-    retry,
-)
-from reasonctl.plugins.storage.hf_hub import HubStorageConfig
+from reasonctl.core.storage import StorageError, describe_error, iter_files, remove_tree, retry
+from reasonctl.storage.hub.config import HubLocation, HubStorageConfig, parse_hf_uri
 
 require("huggingface_hub", extra="hub", what="hf:// storage")
 from huggingface_hub import (  # noqa: E402
@@ -49,44 +40,7 @@ from huggingface_hub.errors import (  # noqa: E402
 )
 
 T = TypeVar("T")
-REPO_TYPES = {"models": "model", "datasets": "dataset"}
 _COMMIT_ID = re.compile(r"^[0-9a-f]{40}$")
-
-
-@dataclass(frozen=True)
-class HubLocation:
-    """A parsed ``hf://`` URI."""
-
-    repo_type: str
-    repo_id: str
-    revision: str | None
-    path: str
-
-    def uri(self, path: str) -> str:
-        """The ``hf://`` URI of ``path`` in this repository and revision."""
-        prefix = "" if self.repo_type == "model" else f"{self.repo_type}s/"
-        rev = f"@{quote(self.revision, safe='')}" if self.revision else ""
-        return f"hf://{prefix}{self.repo_id}{rev}/{path}".rstrip("/")
-
-
-def parse_hf_uri(uri: str) -> HubLocation:
-    """Parse ``hf://[datasets/]owner/repo[@revision][/path]``.
-
-    A revision containing ``/`` (``refs/pr/1``) is written URL-encoded (``refs%2Fpr%2F1``).
-    """
-    scheme, rest = parse_uri(uri)
-    parts = [p for p in rest.split("/") if p]
-    repo_type = "model"
-    if parts and parts[0] in REPO_TYPES:
-        repo_type = REPO_TYPES[parts.pop(0)]
-    if scheme != "hf" or len(parts) < 2:
-        raise StorageError(
-            f"{uri!r} is not a Hub URI; expected hf://owner/repo[@revision][/path] "
-            "(or hf://datasets/owner/repo...)"
-        )
-    name, _, revision = parts[1].partition("@")
-    return HubLocation(repo_type, f"{parts[0]}/{name}", unquote(revision) or None,
-                       "/".join(parts[2:]))
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -306,4 +260,4 @@ def _staging(local: Path) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-__all__ = ["HubLocation", "HubStorage", "parse_hf_uri"]
+__all__ = ["HubStorage"]

@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from reasonctl.core.types import Sample
-from reasonctl.plugins.rewards.base import RewardConfig
+from reasonctl.rewards.base import RewardConfig
 
 
 class LengthConfig(RewardConfig):
