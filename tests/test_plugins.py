@@ -278,3 +278,17 @@ def test_importing_reasonctl_does_not_import_torch():
     code = "import reasonctl, sys; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_run_warns_about_failed_plugins_at_its_start(broken_site, tmp_path, capsys):
+    from tests.toy_components import ToyPlugin
+
+    plugin = ToyPlugin()
+    config = reasonctl.load_config(
+        [], ["algorithm.name=toy", "backend.name=toybackend", "logging.loggers=[]",
+             "train.max_steps=1", f"run.output_dir='{tmp_path}'"], plugins=[plugin])
+    result = reasonctl.run(config, plugins=[plugin])
+    assert result.status == "completed"
+    first_line = capsys.readouterr().err.splitlines()[0]
+    assert first_line.startswith("warning: plugin 'broken' (reasonctl-broken 0.3.1)")
+    assert "boom at import" in first_line

@@ -27,8 +27,8 @@ def plugins_command(
     ] = False,
     show_all: Annotated[
         bool,
-        typer.Option("--all", help="Also show hooks, descriptions, config keys, commands and "
-                                   "the tracebacks of plugins that failed to load."),
+        typer.Option("--all", help="Also show hooks, descriptions, config keys and the "
+                                   "tracebacks of plugins that failed to load."),
     ] = False,
 ) -> None:
     """List installed plugins, their components, name conflicts and load errors."""
