@@ -10,6 +10,9 @@ def make_distribution(
 ) -> Path:
     """Write modules and a ``<name>-<version>.dist-info`` declaring ``reasonctl`` entry points.
 
+    The dist-info also lists the modules as the distribution's top-level packages, so
+    ``importlib.metadata.packages_distributions()`` maps them to ``name``.
+
     ``site`` behaves like a site-packages directory once it is on ``sys.path`` /
     ``PYTHONPATH``: ``importlib.metadata`` finds the distribution exactly as if pip had
     installed it.
@@ -22,4 +25,6 @@ def make_distribution(
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     lines = ["[reasonctl]"] + [f"{k} = {v}" for k, v in entry_points.items()]
     (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    top_level = sorted({module.split(".")[0] for module in modules})
+    (info / "top_level.txt").write_text("\n".join(top_level) + "\n")
     return site

@@ -14,7 +14,7 @@ from reasonctl.core.protocols import RunContext
 
 def test_registered_with_a_typed_config_section() -> None:
     host = PluginHost.load()
-    assert host.registry.get("backend", "megatron").owner.name == "megatron"
+    assert host.registry.get("backend", "megatron").owner.name == "backend-megatron"
     config = load_config(overrides=["backend.name=megatron", "backend.megatron.tp=2",
                                     "backend.megatron.pp=2", "backend.megatron.vpp=2"],
                          registry=host.registry)

@@ -44,7 +44,7 @@ class _DefaultStandIns:
             "logger": defaults.logging.loggers,
         }
         self.missing = {
-            kind: [n for n in names if n not in registry.components[kind]]
+            kind: [n for n in names if n not in registry.names(kind)]
             for kind, names in wanted.items()
         }
 

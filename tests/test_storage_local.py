@@ -66,10 +66,11 @@ def test_join_uri() -> None:
 
 def test_schemes_are_registered_by_plugins(host: PluginHost) -> None:
     assert {"file", "s3", "hf"} <= set(host.registry.names("storage"))
-    owners = {name: spec.owner.name for name, spec in host.registry.components["storage"].items()}
-    assert owners["file"] == "local-storage"
-    assert owners["s3"] == "s3-storage"
-    assert owners["hf"] == "hf-hub-storage"
+    owners = {spec.name: spec.owner.name for spec in host.registry.all()
+              if spec.kind == "storage"}
+    assert owners["file"] == "storage-file"
+    assert owners["s3"] == "storage-s3"
+    assert owners["hf"] == "storage-hf"
     assert isinstance(open_storage(host.registry, "some/plain/path"), LocalStorage)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -18,6 +18,7 @@ from reasonctl.cli.common import ConfigOption, SetOption, console, fail, handle_
 from reasonctl.cli.eval_cmd import eval_command
 from reasonctl.cli.export_cmd import export_command
 from reasonctl.cli.infer_cmd import infer_command
+from reasonctl.cli.plugins_cmd import plugins_command
 from reasonctl.core.plugins import PluginHost, env_flag
 
 PLUGINS_PANEL = "Plugins"
@@ -134,54 +135,6 @@ def run_command(
 
     result = run(cfg, host=common.host())
     common.report_result(result)
-
-
-# --- plugins -------------------------------------------------------------------------------
-
-
-@handle_errors
-def plugins_command(
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-    show_all: Annotated[
-        bool, typer.Option("--all", help="Include descriptions and error tracebacks.")
-    ] = False,
-) -> None:
-    """List installed plugins, their components and load errors."""
-    host = common.host()
-    plugins = host.describe()
-    if show_all:
-        specs = {(s.owner.name, s.kind, s.name): s for s in host.registry.all()}
-        for item, record in zip(plugins, host.records, strict=True):
-            item["traceback"] = record.traceback or None
-            item["descriptions"] = {
-                f"{kind}:{name}": specs[(item["name"], kind, name)].description
-                for kind, names in item["components"].items() for name in names
-            }
-    if as_json:
-        components: dict[str, list[dict[str, Any]]] = {}
-        for spec in host.registry.all():
-            components.setdefault(spec.kind, []).append(
-                {"name": spec.name, "plugin": spec.owner.name,
-                 "distribution": spec.owner.distribution, "version": spec.owner.version,
-                 "description": spec.description}
-            )
-        typer.echo(json.dumps({"plugins": plugins, "components": components}, indent=2))
-        return
-    from rich.table import Table
-
-    table = Table(title="reasonctl plugins")
-    for column in ("plugin", "distribution", "status", "components"):
-        table.add_column(column)
-    for item in plugins:
-        comps = "; ".join(f"{k}: {', '.join(v)}" for k, v in item["components"].items())
-        dist = f"{item['distribution']} {item['version']}" if item["distribution"] else "-"
-        status = {"ok": "[green]ok[/]", "error": "[red]error[/]"}.get(item["status"], "disabled")
-        table.add_row(item["name"], dist, status, comps or item.get("error") or "")
-    console.print(table)
-    for record in host.errors:
-        console.print(f"[red]error[/] {record.error}")
-        if show_all:
-            console.print(record.traceback, markup=False, highlight=False)
 
 
 # --- config --------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import sys
 from collections.abc import Iterable
+from importlib import metadata
 from types import ModuleType
 
 
@@ -21,12 +23,27 @@ class ConfigError(ReasonctlError):
         super().__init__(f"Invalid configuration ({len(problems)} problem(s)):\n{lines}")
 
 
-class UnknownComponentError(ReasonctlError, KeyError):
+class ComponentUnavailableError(ReasonctlError, KeyError):
+    """A component name that cannot be used: unknown, claimed by two plugins, or broken.
+
+    Catch this one type where a name from a config is checked; the subclasses say why.
+    ``kind`` and ``name`` identify the component asked for.
+    """
+
+    def __init__(self, kind: str, name: str, message: str) -> None:
+        self.kind = kind
+        self.name = name
+        self.message = message
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UnknownComponentError(ComponentUnavailableError):
     """A component name that no installed plugin registered."""
 
     def __init__(self, kind: str, name: str, available: dict[str, str], hint: str = "") -> None:
-        self.kind = kind
-        self.name = name
         self.available = available
         listing = ", ".join(f"{n} ({owner})" for n, owner in sorted(available.items())) or "none"
         message = f"Unknown {kind} {name!r}. Available: {listing}."
@@ -35,15 +52,44 @@ class UnknownComponentError(ReasonctlError, KeyError):
             message += f" Did you mean {close!r}?"
         if hint:
             message += f" {hint}"
-        self.message = message
-        super().__init__(message)
-
-    def __str__(self) -> str:
-        return self.message
+        super().__init__(kind, name, message)
 
 
-class DuplicateComponentError(ReasonctlError):
-    """Two plugins registered the same name for the same kind."""
+class DuplicateComponentError(ComponentUnavailableError):
+    """Several plugins registered the same name for the same kind, so none of them is used.
+
+    ``owners`` maps each registering plugin's name to its label (distribution and version).
+    """
+
+    def __init__(self, kind: str, name: str, owners: dict[str, str]) -> None:
+        self.owners = owners
+        listing = " and ".join(f"{plugin} ({label})" for plugin, label in owners.items())
+        choices = " or ".join(f"REASONCTL_DISABLE_PLUGINS={plugin}" for plugin in owners)
+        message = (
+            f"{kind} {name!r} is registered by several plugins: {listing}; none of them is used. "
+            f"Uninstall one of them, or disable one with {choices}."
+        )
+        super().__init__(kind, name, message)
+
+
+class BrokenComponentError(ComponentUnavailableError):
+    """A registered component whose factory cannot be called as the contract says.
+
+    ``owner`` labels the plugin that registered it; ``reason`` says what is wrong.
+    """
+
+    def __init__(self, kind: str, name: str, owner: str, reason: str) -> None:
+        self.owner = owner
+        self.reason = reason
+        message = (
+            f"{kind} {name!r} ({owner}) cannot be used: {reason}. Fix or update the plugin "
+            "that provides it; `reasonctl plugins --all` lists every unusable component."
+        )
+        super().__init__(kind, name, message)
+
+
+class ComponentContractError(ReasonctlError, TypeError):
+    """A factory built an object that lacks members its kind's Protocol requires."""
 
 
 class PluginLoadError(ReasonctlError):
@@ -51,16 +97,25 @@ class PluginLoadError(ReasonctlError):
 
 
 class MissingDependencyError(ReasonctlError, ImportError):
-    """An optional package a component needs is not installed."""
+    """An optional package a component needs is not installed.
 
-    def __init__(self, package: str, extra: str, what: str = "") -> None:
+    ``distribution`` is the pip name whose ``extra`` installs it (``reasonctl`` for
+    first-party components, the plugin's distribution for third-party ones, ``None`` when
+    it is not known).
+    """
+
+    def __init__(
+        self, package: str, extra: str, what: str = "", distribution: str | None = "reasonctl"
+    ) -> None:
         needed_by = f" (needed by {what})" if what else ""
-        super().__init__(
-            f"The optional package {package!r} is not installed{needed_by}. "
-            f"Install it with: pip install 'reasonctl[{extra}]'"
-        )
+        if distribution is None:
+            fix = f"install {package!r} (the {extra!r} extra of the plugin that needs it)"
+        else:
+            fix = f"Install it with: pip install '{distribution}[{extra}]'"
+        super().__init__(f"The optional package {package!r} is not installed{needed_by}. {fix}")
         self.package = package
         self.extra = extra
+        self.distribution = distribution
 
 
 class DataError(ReasonctlError):
@@ -98,10 +153,26 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
 
 
 def require(module: str, extra: str, what: str = "") -> ModuleType:
-    """Import an optional module or raise :class:`MissingDependencyError` naming its extra."""
+    """Import an optional module or raise :class:`MissingDependencyError` naming its extra.
+
+    The install hint names the distribution of the calling code: ``reasonctl[extra]`` from
+    reasonctl itself, ``<plugin distribution>[extra]`` from an installed plugin.
+    """
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
         if exc.name and module.split(".")[0] != exc.name.split(".")[0]:
             raise
-        raise MissingDependencyError(module.split(".")[0], extra, what) from exc
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        raise MissingDependencyError(
+            module.split(".")[0], extra, what, distribution=distribution_of(caller)
+        ) from exc
+
+
+def distribution_of(module_name: str) -> str | None:
+    """The installed distribution that provides ``module_name`` (``None`` when unknown)."""
+    top = module_name.split(".")[0]
+    if top == "reasonctl":
+        return "reasonctl"
+    dists = metadata.packages_distributions().get(top, [])
+    return sorted(dists)[0] if dists else None

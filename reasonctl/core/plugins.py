@@ -3,7 +3,9 @@
 Plugins are found through ``importlib.metadata`` entry points in the group ``reasonctl``.
 Our own plugins are declared there too, so every run exercises the same discovery path a
 third-party plugin uses. A plugin that fails to import or register is recorded with its
-distribution, version and traceback and skipped, unless strict mode is on.
+distribution, version and traceback and skipped, unless strict mode is on. Names claimed by
+two plugins and factories of the wrong shape are kept in the registry as unusable and
+reported (strict mode makes them fatal too).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from typing import Any
 
 import pluggy
 
-from reasonctl.core import hookspecs
-from reasonctl.core.errors import PluginLoadError, ReasonctlError
+from reasonctl.core import hookspecs, protocols
+from reasonctl.core.errors import PluginLoadError, ReasonctlError, did_you_mean
 from reasonctl.core.lifecycle import LifecycleHooks
 from reasonctl.core.registry import KINDS, PluginInfo, Registrar, Registry
 
@@ -26,6 +28,14 @@ PROJECT = "reasonctl"
 ENTRY_POINT_GROUP = "reasonctl"
 hookimpl = pluggy.HookimplMarker(PROJECT)
 """Decorator marking a function as an implementation of a reasonctl hook."""
+
+HOOK_NAMES: tuple[str, ...] = tuple(
+    name for name, value in vars(hookspecs).items() if hasattr(value, f"{PROJECT}_spec")
+)
+"""Every hook a plugin may implement."""
+
+COMPONENT_PROTOCOLS: dict[str, type] = protocols.PROTOCOLS
+"""Component kind -> the Protocol a built component is checked against."""
 
 
 @dataclass
@@ -37,6 +47,7 @@ class PluginRecord:
     version: str | None
     status: str  # "ok" | "error" | "disabled"
     hooks: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
     error: str = ""
     traceback: str = ""
 
@@ -71,7 +82,7 @@ class PluginHost:
     def __init__(self, *, strict: bool = False, disabled: Iterable[str] = ()) -> None:
         self.pm = pluggy.PluginManager(PROJECT)
         self.pm.add_hookspecs(hookspecs)
-        self.registry = Registry()
+        self.registry = Registry(contracts=COMPONENT_PROTOCOLS)
         self.records: list[PluginRecord] = []
         self.strict = strict
         self.disabled = set(disabled)
@@ -139,6 +150,7 @@ class PluginHost:
             self._fail(record, f"could not be registered: {exc}", exc)
             return
         try:
+            self._check_hook_names(plugin)
             self.pm.check_pending()
             record.hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
             self._collect_components(plugin, record)
@@ -148,6 +160,33 @@ class PluginHost:
             self._fail(record, str(exc), exc)
             return
         self.records.append(record)
+        if self.strict:
+            self._refuse_unusable(record)
+
+    def _check_hook_names(self, plugin: Any) -> None:
+        """Reject hook implementations reasonctl does not define, suggesting the right name."""
+        unknown = [
+            caller.name for caller in self.pm.get_hookcallers(plugin) or []
+            if not caller.has_spec()
+            and any(impl.plugin is plugin and not impl.optionalhook
+                    for impl in caller.get_hookimpls())
+        ]
+        unmarked = [
+            name for name in HOOK_NAMES
+            if callable(getattr(plugin, name, None))
+            and not hasattr(getattr(plugin, name), f"{PROJECT}_impl")
+        ]
+        problems = []
+        for name in unknown:
+            close = did_you_mean(name, HOOK_NAMES)
+            suggestion = f"did you mean {close!r}?" if close else "see reasonctl.core.hookspecs"
+            problems.append(f"implements {name!r}, which is not a reasonctl hook ({suggestion})")
+        problems += [
+            f"defines {name!r} without @reasonctl.hookimpl, so it would never be called"
+            for name in unmarked
+        ]
+        if problems:
+            raise PluginLoadError("; ".join(problems))
 
     def _collect_components(self, plugin: Any, record: PluginRecord) -> None:
         for kind, hook_name in KINDS.items():
@@ -156,12 +195,26 @@ class PluginHost:
                 if impl.plugin is plugin:
                     impl.function(register=Registrar(self.registry, kind, record.info))
 
+    def _refuse_unusable(self, record: PluginRecord) -> None:
+        """Strict mode: a name conflict or broken factory of this plugin is fatal."""
+        problems = [
+            str(conflict.error()) for conflict in self.registry.conflicts()
+            if any(spec.owner.name == record.name for spec in conflict.specs)
+        ]
+        problems += [
+            f"{spec.label}: {spec.problem}" for spec in self.registry.broken()
+            if spec.owner.name == record.name
+        ]
+        if problems:
+            self._fail(record, "; ".join(problems), PluginLoadError("; ".join(problems)))
+
     def _fail(self, record: PluginRecord, message: str, exc: BaseException) -> None:
         where = f"{record.distribution} {record.version}" if record.distribution else "ad-hoc"
         record.status = "error"
         record.error = f"plugin {record.name!r} ({where}) {message}"
         record.traceback = "".join(traceback.format_exception(exc))
-        self.records.append(record)
+        if record not in self.records:
+            self.records.append(record)
         if self.strict:
             raise PluginLoadError(
                 f"{record.error}\n(strict plugin mode: REASONCTL_STRICT_PLUGINS / "
@@ -179,37 +232,98 @@ class PluginHost:
         """Plugins that failed to load."""
         return [r for r in self.records if r.status == "error"]
 
+    def load_warnings(self) -> list[str]:
+        """One line per plugin that failed to load, for the start of ``run`` and ``validate``."""
+        return [
+            f"warning: {record.error} (skipped; `reasonctl plugins --all` shows the traceback)"
+            for record in self.errors
+        ]
+
     def add_commands(self, app: Any) -> None:
-        """Let plugins add Typer commands to ``app``; a failing plugin is reported, not fatal."""
+        """Let plugins add Typer commands to ``app``; a failing plugin is reported, not fatal.
+
+        The names each plugin added are recorded in its :attr:`PluginRecord.commands`.
+        """
         for impl in self.pm.hook.register_commands.get_hookimpls():
+            record = next((r for r in self.records if r.name == impl.plugin_name), None)
+            before = _command_names(app)
             try:
                 impl.function(app=app)
             except Exception as exc:
-                record = next((r for r in self.records if r.name == impl.plugin_name), None)
                 if record is None:
                     raise
                 self._fail(record, f"failed to add commands: {exc!r}", exc)
+                continue
+            if record is not None:
+                record.commands = [n for n in _command_names(app) if n not in before]
 
-    def describe(self) -> list[dict[str, Any]]:
-        """Plugins and their components as JSON-friendly dicts (for ``reasonctl plugins``)."""
-        out = []
+    def describe(self) -> dict[str, Any]:
+        """Everything ``reasonctl plugins`` shows, as JSON-friendly data.
+
+        ``plugins``: one entry per plugin (status, hooks, commands, components by kind,
+        error and traceback); ``components``: every registration by kind with its owner,
+        description, config keys and status (``ok``, ``conflict`` or ``broken``);
+        ``conflicts`` and ``broken``: the names that cannot be used and why.
+        """
+        conflicts = self.registry.conflicts()
+        conflicted = {(c.kind, c.name) for c in conflicts}
+        components: dict[str, list[dict[str, Any]]] = {}
+        for kind, by_name in self.registry.registrations.items():
+            for name, specs in sorted(by_name.items()):
+                for spec in specs:
+                    status = ("conflict" if (kind, name) in conflicted
+                              else "broken" if spec.problem else "ok")
+                    components.setdefault(kind, []).append({
+                        "name": name,
+                        "plugin": spec.owner.name,
+                        "distribution": spec.owner.distribution,
+                        "version": spec.owner.version,
+                        "description": spec.description,
+                        "status": status,
+                        "problem": spec.problem or None,
+                        "config": spec.config_keys(),
+                    })
+        plugins = []
         for record in self.records:
-            components: dict[str, list[str]] = {}
-            for spec in self.registry.all():
-                if spec.owner.name == record.name:
-                    components.setdefault(spec.kind, []).append(spec.name)
-            out.append(
-                {
-                    "name": record.name,
-                    "distribution": record.distribution,
-                    "version": record.version,
-                    "status": record.status,
-                    "hooks": record.hooks,
-                    "components": {k: sorted(v) for k, v in sorted(components.items())},
-                    "error": record.error or None,
-                }
-            )
-        return out
+            owned: dict[str, list[str]] = {}
+            for spec in self.registry.owned_by(record.name):
+                owned.setdefault(spec.kind, []).append(spec.name)
+            plugins.append({
+                "name": record.name,
+                "distribution": record.distribution,
+                "version": record.version,
+                "status": record.status,
+                "hooks": record.hooks,
+                "commands": record.commands,
+                "components": {k: sorted(v) for k, v in sorted(owned.items())},
+                "error": record.error or None,
+                "traceback": record.traceback or None,
+            })
+        return {
+            "plugins": plugins,
+            "components": components,
+            "conflicts": [
+                {"kind": c.kind, "name": c.name, "plugins": [s.owner.name for s in c.specs],
+                 "message": str(c.error())}
+                for c in conflicts
+            ],
+            "broken": [
+                {"kind": s.kind, "name": s.name, "plugin": s.owner.name, "problem": s.problem}
+                for s in self.registry.broken()
+            ],
+        }
+
+
+def _command_names(app: Any) -> list[str]:
+    """Names of the commands and groups registered on a ``typer.Typer``."""
+    names = []
+    for command in app.registered_commands:
+        callback = command.callback
+        fallback = callback.__name__.lower().replace("_", "-") if callback else "?"
+        names.append(command.name or fallback)
+    for group in app.registered_groups:
+        names.append(group.name or group.typer_instance.info.name or "?")
+    return names
 
 
 def _builtin_first(ep: metadata.EntryPoint) -> tuple[int, str]:

@@ -1,14 +1,29 @@
-"""Named components per kind, each owned by the plugin that registered it."""
+"""Named components per kind, each owned by the plugin that registered it.
+
+A name is usable when exactly one plugin registered it for its kind and its factory has the
+contract's shape. A name registered by several plugins is a conflict (none of them is used,
+whatever the load order); a factory of the wrong shape makes its component broken. Both are
+kept and reported, and looking such a name up raises an error saying why.
+
+The kind -> Protocol mapping (``contracts``) is handed in by the plugin host, so this module
+does not import :mod:`reasonctl.core.protocols`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
 
-from reasonctl.core.errors import DuplicateComponentError, UnknownComponentError
+from reasonctl.core.contracts import contract_problem, inspect_factory
+from reasonctl.core.errors import (
+    BrokenComponentError,
+    ComponentContractError,
+    DuplicateComponentError,
+    UnknownComponentError,
+)
 
 KINDS: dict[str, str] = {
     "dataset": "register_datasets",
@@ -41,7 +56,12 @@ class PluginInfo:
 
 @dataclass
 class ComponentSpec:
-    """A registered component: how to build it and what config it accepts."""
+    """A registered component: how to build it, what config it accepts, what it must be.
+
+    ``contract`` is the Protocol built objects are checked against (``None``: unchecked);
+    ``takes_ctx`` whether the factory declares ``ctx``; ``problem`` why the factory cannot
+    be called as the contract says (empty when it can).
+    """
 
     kind: str
     name: str
@@ -49,6 +69,14 @@ class ComponentSpec:
     owner: PluginInfo
     config_model: type[BaseModel] | None = None
     description: str = ""
+    contract: type | None = None
+    takes_ctx: bool = False
+    problem: str = ""
+
+    @property
+    def label(self) -> str:
+        """``kind 'name' (owner)``, as error messages name a component."""
+        return f"{self.kind.replace('_', ' ')} {self.name!r} ({self.owner.label()})"
 
     def make_config(self, values: dict[str, Any] | BaseModel | None = None) -> BaseModel | None:
         """Validate ``values`` with the component's config model (``None`` without one)."""
@@ -61,58 +89,160 @@ class ComponentSpec:
         return self.config_model.model_validate(values or {})
 
     def build(self, config: dict[str, Any] | BaseModel | None = None, *, ctx: Any = None) -> Any:
-        """Call the factory with the validated config (and ``ctx`` when it takes one)."""
-        if ctx is not None and _accepts_ctx(self.factory):
-            return self.factory(self.make_config(config), ctx=ctx)
-        return self.factory(self.make_config(config))
+        """Validate ``config``, call the factory and check the result against ``contract``.
+
+        The factory gets ``ctx`` only when it declares it. Raises
+        :class:`~reasonctl.core.errors.BrokenComponentError` for a factory of the wrong
+        shape and :class:`~reasonctl.core.errors.ComponentContractError` naming every
+        member the built object lacks.
+        """
+        if self.problem:
+            raise BrokenComponentError(
+                self.kind.replace("_", " "), self.name, self.owner.label(), self.problem
+            )
+        validated = self.make_config(config)
+        built = self.factory(validated, ctx=ctx) if self.takes_ctx else self.factory(validated)
+        if self.contract is not None:
+            problem = contract_problem(built, self.contract)
+            if problem:
+                raise ComponentContractError(f"{self.label}: {problem}")
+        return built
+
+    def config_keys(self) -> list[dict[str, Any]]:
+        """The options of ``config_model``: key, type, default and description of each."""
+        if self.config_model is None:
+            return []
+        from pydantic_core import PydanticUndefined, to_jsonable_python
+
+        keys = []
+        for field_name, info in self.config_model.model_fields.items():
+            if info.default is not PydanticUndefined:
+                default = to_jsonable_python(info.default, fallback=repr)
+            elif info.default_factory is not None:
+                default = to_jsonable_python(_call_default_factory(info.default_factory),
+                                             fallback=repr)
+            else:
+                default = None
+            keys.append({
+                "key": info.alias or field_name,
+                "type": _type_name(info.annotation),
+                "required": info.is_required(),
+                "default": default,
+                "description": info.description or "",
+            })
+        return keys
+
+
+def _call_default_factory(factory: Callable[..., Any]) -> Any:
+    try:
+        return factory()
+    except TypeError:  # a factory of the validated data: no value without a config
+        return None
+
+
+def _type_name(annotation: Any) -> str:
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """One name of one kind registered by several plugins (so none of them is used)."""
+
+    kind: str
+    name: str
+    specs: tuple[ComponentSpec, ...]
+
+    def error(self) -> DuplicateComponentError:
+        """The error a lookup of this name raises."""
+        owners = {spec.owner.name: spec.owner.label() for spec in self.specs}
+        return DuplicateComponentError(self.kind.replace("_", " "), self.name, owners)
 
 
 @dataclass
 class Registry:
-    """All components known to a plugin manager, by kind and name."""
+    """All components known to a plugin host, by kind and name.
 
-    components: dict[str, dict[str, ComponentSpec]] = field(
+    ``contracts`` maps a kind to the Protocol its built components are checked against.
+    """
+
+    contracts: Mapping[str, type] = field(default_factory=dict)
+    registrations: dict[str, dict[str, list[ComponentSpec]]] = field(
         default_factory=lambda: {kind: {} for kind in KINDS}
     )
     unavailable_hint: str = ""
 
     def add(self, spec: ComponentSpec) -> None:
-        """Add a component; a name already taken for that kind raises an error naming both."""
-        existing = self.components[spec.kind].get(spec.name)
-        if existing is not None:
-            raise DuplicateComponentError(
-                f"{spec.kind} {spec.name!r} is registered twice: by {existing.owner.name} "
-                f"({existing.owner.label()}) and by {spec.owner.name} ({spec.owner.label()}). "
-                "Rename one of them or disable a plugin with REASONCTL_DISABLE_PLUGINS."
-            )
-        self.components[spec.kind][spec.name] = spec
+        """Record a registration; a second one of the same kind and name makes a conflict."""
+        self.registrations[spec.kind].setdefault(spec.name, []).append(spec)
 
     def remove_owner(self, plugin_name: str) -> None:
         """Forget every component registered by ``plugin_name``."""
-        for by_name in self.components.values():
-            for name in [n for n, s in by_name.items() if s.owner.name == plugin_name]:
-                del by_name[name]
+        for by_name in self.registrations.values():
+            for name, specs in list(by_name.items()):
+                kept = [s for s in specs if s.owner.name != plugin_name]
+                if kept:
+                    by_name[name] = kept
+                else:
+                    del by_name[name]
 
     def get(self, kind: str, name: str) -> ComponentSpec:
-        """Look up a component or raise :class:`UnknownComponentError` with suggestions."""
-        try:
-            return self.components[kind][name]
-        except KeyError:
+        """The usable component ``name`` of ``kind``.
+
+        Raises a :class:`~reasonctl.core.errors.ComponentUnavailableError` subclass: unknown
+        (with suggestions), claimed by several plugins, or broken.
+        """
+        specs = self.registrations[kind].get(name)
+        if not specs:
             raise UnknownComponentError(
                 kind.replace("_", " "), name, self.available(kind), self.unavailable_hint
-            ) from None
+            )
+        if len(specs) > 1:
+            raise Conflict(kind, name, tuple(specs)).error()
+        spec = specs[0]
+        if spec.problem:
+            raise BrokenComponentError(
+                kind.replace("_", " "), name, spec.owner.label(), spec.problem
+            )
+        return spec
 
     def available(self, kind: str) -> dict[str, str]:
-        """Registered names of ``kind`` mapped to their owner labels."""
-        return {n: s.owner.label() for n, s in self.components[kind].items()}
+        """Usable names of ``kind`` mapped to their owner labels."""
+        return {spec.name: spec.owner.label() for spec in self.all() if spec.kind == kind}
 
     def names(self, kind: str) -> list[str]:
-        """Sorted registered names of ``kind``."""
-        return sorted(self.components[kind])
+        """Sorted usable names of ``kind``."""
+        return sorted(self.available(kind))
 
     def all(self) -> list[ComponentSpec]:
-        """Every registered component."""
-        return [s for by_name in self.components.values() for s in by_name.values()]
+        """Every usable component (conflicting and broken ones left out)."""
+        return [
+            specs[0] for by_name in self.registrations.values() for specs in by_name.values()
+            if len(specs) == 1 and not specs[0].problem
+        ]
+
+    def conflicts(self) -> list[Conflict]:
+        """Every name registered by more than one plugin."""
+        return [
+            Conflict(kind, name, tuple(specs))
+            for kind, by_name in self.registrations.items()
+            for name, specs in by_name.items() if len(specs) > 1
+        ]
+
+    def broken(self) -> list[ComponentSpec]:
+        """Every component whose factory cannot be called as the contract says."""
+        return [
+            spec for by_name in self.registrations.values()
+            for specs in by_name.values() for spec in specs if spec.problem
+        ]
+
+    def owned_by(self, plugin_name: str) -> list[ComponentSpec]:
+        """Every registration made by ``plugin_name``, usable or not."""
+        return [
+            spec for by_name in self.registrations.values()
+            for specs in by_name.values() for spec in specs if spec.owner.name == plugin_name
+        ]
 
 
 class Registrar:
@@ -131,22 +261,29 @@ class Registrar:
         config_model: type[BaseModel] | None = None,
         description: str = "",
     ) -> None:
-        """Register ``factory`` under ``name`` for this hook's component kind."""
+        """Register ``factory`` under ``name`` for this hook's component kind.
+
+        A factory that cannot be called as ``factory(config)`` (plus ``ctx=`` when it
+        declares ``ctx``) is recorded as broken with the reason; the plugin's other
+        components are unaffected.
+        """
         if not name or not isinstance(name, str):
             raise ValueError(f"{self._owner.name}: component names must be non-empty strings")
         if not description:
             doc = (getattr(factory, "__doc__", None) or "").strip()
             description = doc.splitlines()[0] if doc else ""
+        shape = inspect_factory(factory)
+        problem = shape.problem
+        if config_model is not None and not (
+            isinstance(config_model, type) and issubclass(config_model, BaseModel)
+        ):
+            config_model, problem = None, (
+                f"its config_model {config_model!r} is not a pydantic BaseModel subclass"
+            )
         self._registry.add(
-            ComponentSpec(self._kind, name, factory, self._owner, config_model, description)
+            ComponentSpec(
+                self._kind, name, factory, self._owner, config_model, description,
+                contract=self._registry.contracts.get(self._kind),
+                takes_ctx=shape.takes_ctx, problem=problem,
+            )
         )
-
-
-def _accepts_ctx(factory: Callable[..., Any]) -> bool:
-    import inspect
-
-    try:
-        params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == "ctx" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
