@@ -78,15 +78,15 @@ class KeywordReward:
         return [float(all(k in norm(c) for k in keywords)) for c in completions]
 
 
+def build_csvqa_dataset(config: CsvQaConfig, ctx: reasonctl.RunContext) -> CsvQaDataset:
+    """CSV file with question,answer columns."""
+    return CsvQaDataset(config, ctx.config.data.on_bad_row)
+
+
 @reasonctl.hookimpl
 def register_datasets(register: Any) -> None:
     """Register the ``csvqa`` format."""
-    register(
-        "csvqa",
-        lambda cfg, data=None: CsvQaDataset(cfg, data.on_bad_row if data else "error"),
-        config_model=CsvQaConfig,
-        description="CSV file with question,answer columns",
-    )
+    register("csvqa", build_csvqa_dataset, config_model=CsvQaConfig)
 
 
 @reasonctl.hookimpl
