@@ -209,7 +209,7 @@ def test_a_config_model_that_is_not_a_pydantic_model_breaks_the_component():
 
 def test_required_members_follow_the_protocol():
     assert required_members(Algorithm) == ("setup", "step", "state_dict", "load_state_dict")
-    assert set(required_members(Dataset)) == {"skipped_rows", "__len__", "__getitem__"}
+    assert set(required_members(Dataset)) == {"__len__", "__getitem__"}
     assert required_members(Reward) == ("__call__",)
 
     class Sized(Protocol):
