@@ -156,7 +156,7 @@ EXAMPLES = ("quickstart_sft", "qwen2_5_sft", "qwen2_5_vl_video_sft", "llava_sft"
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_configs_validate(name: str) -> None:
-    from reasonctl.core.config import load_config
+    from reasonctl import load_config
 
     config = load_config(REPO / "examples" / "configs" / f"{name}.toml")
     assert config.algorithm.name == "sft"
@@ -164,7 +164,7 @@ def test_example_configs_validate(name: str) -> None:
 
 @pytest.mark.slow
 def test_quickstart_learns_the_bundled_data(tmp_path: Path, monkeypatch: Any) -> None:
-    from reasonctl.core.config import load_config
+    from reasonctl import load_config
     from reasonctl.core.runner import run as run_config
 
     monkeypatch.chdir(REPO)  # the config's data path is relative to the repository root

@@ -13,11 +13,12 @@ A file that starts with ``[`` is read as a JSON array of such rows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
 from reasonctl import hookimpl
+from reasonctl.core.config import InputPath
 from reasonctl.plugins.data.common import MediaOptions
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 class JsonlConfig(MediaOptions):
     """``[data.jsonl]``: the files to read and media defaults."""
 
-    path: str | list[str] | None = Field(
+    path: Annotated[str | list[str] | None, InputPath("file", required=True)] = Field(
         default=None, description="A .jsonl file (or JSON array file), or a list of them."
     )
 

@@ -10,11 +10,12 @@ against ``media_root`` (default: the annotation file's directory). Other keys, s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
 from reasonctl import hookimpl
+from reasonctl.core.config import InputPath
 from reasonctl.plugins.data.common import MediaOptions
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 class LlavaConfig(MediaOptions):
     """``[data.llava]``: the annotation file(s) and media defaults."""
 
-    path: str | list[str] | None = Field(
+    path: Annotated[str | list[str] | None, InputPath("file", required=True)] = Field(
         default=None, description="LLaVA annotation file (JSON array or JSONL), or a list."
     )
 
