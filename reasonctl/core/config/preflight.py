@@ -212,9 +212,11 @@ def _uri_shape_problem(scheme: str, rest: str) -> str | None:
         bucket = rest.split("/", 1)[0]
         if not bucket:
             return "has no bucket; expected s3://BUCKET[/prefix]"
+        if "@" in bucket:
+            return ("holds credentials; set them in the environment (AWS_ACCESS_KEY_ID, "
+                    "AWS_SECRET_ACCESS_KEY) or an AWS profile, not in the URI")
         if not _BUCKET.match(bucket):
-            return (f"has an invalid bucket name {bucket!r}; expected s3://BUCKET[/prefix] "
-                    "(credentials belong in the environment, not the URI)")
+            return f"has an invalid bucket name {bucket!r}; expected s3://BUCKET[/prefix]"
     if scheme == "hf":
         parts = [p for p in rest.split("/") if p]
         if parts and parts[0] in HUB_REPO_TYPES:

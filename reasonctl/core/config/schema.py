@@ -19,7 +19,10 @@ from reasonctl.core.config.redaction import redact_secrets
 if TYPE_CHECKING:
     from reasonctl.core.registry import Registry
 
-STRICT = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+STRICT = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True)
+"""No unknown keys, no NaN or infinity, no coercion (``true`` is not a number, ``"5"`` not an
+integer): values come typed from TOML, and ``--set`` / environment values are parsed as TOML
+literals before validation."""
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|(cuda|xpu)(:\d+)?)$")
 MAX_SEED = 2**63 - 1
 
@@ -95,7 +98,7 @@ class TrainSection(Section):
     warmup_steps: int = Field(default=0, ge=0)
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
     weight_decay: float = Field(default=0.0, ge=0)
-    betas: tuple[Probability, Probability] = (0.9, 0.999)
+    betas: tuple[Probability, Probability] = Field(default=(0.9, 0.999), strict=False)
     adam_eps: float = Field(default=1e-8, gt=0)
     max_grad_norm: float = Field(default=1.0, ge=0, description="0 disables clipping.")
     compile: bool = False
@@ -136,7 +139,8 @@ class RolloutSection(Section):
 class RewardComponent(BaseModel):
     """One ``[[rewards.components]]`` entry; extra keys go to the reward's config model."""
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False,
+                              strict=True)
 
     name: str = Field(min_length=1)
     weight: float = 1.0
