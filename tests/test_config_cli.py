@@ -306,3 +306,15 @@ def test_flags_beat_environment_in_a_real_process(base):
     assert out.returncode == 0, out.stderr
     shown = json.loads(out.stdout)
     assert shown["algorithm"]["name"] == "grpo" and shown["train"]["lr"] == 0.3
+
+
+def test_run_checks_the_world_before_loading_anything(base, tmp_path):
+    gone = tmp_path / "gone.jsonl"
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "reasonctl", "run", "-c",
+                          str(base[0]), "--set", f"data.jsonl.path='{gone}'"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"data.jsonl.path: '{gone}' does not exist" in out.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "torch" not in imported and "transformers" not in imported
