@@ -84,9 +84,9 @@ def test_global_batch_split_does_not_change_the_update(tmp_path: Path) -> None:
 def test_sample_reduction_weights_each_sample_equally(tmp_path: Path) -> None:
     data = [chat("a?", "x"), chat("b?", "a much longer answer " * 4)]
     token, sample = StepRecorder(), StepRecorder()
-    base = sft_config(tmp_path / "t", max_steps=1, global_batch_size=2, lr=0.0)
+    base = sft_config(tmp_path / "t", max_steps=1, global_batch_size=2)
     run(base, datasets=data, plugins=[token])
-    per_sample = sft_config(tmp_path / "s", max_steps=1, global_batch_size=2, lr=0.0)
+    per_sample = sft_config(tmp_path / "s", max_steps=1, global_batch_size=2)
     per_sample["algorithm"] = {"name": "sft", "sft": {"loss_reduction": "sample"}}
     run(per_sample, datasets=data, plugins=[sample])
     assert token.losses[0] != pytest.approx(sample.losses[0], rel=1e-3)
