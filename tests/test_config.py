@@ -39,6 +39,7 @@ class Inner(BaseModel):  # no extra="forbid", as a hurried plugin author writes 
 class LaxConfig(BaseModel):  # no extra="forbid" either
     gamma: float = 0.5
     inner: Inner = Field(default_factory=Inner)
+    ceiling: float = float("inf")  # a default may be infinite; a value a user sets may not
 
 
 class OpenConfig(BaseModel):  # says extra="allow" itself: free keys stay allowed
@@ -246,6 +247,13 @@ def test_plugin_sections_reject_unknown_keys_even_without_forbid(registry):
         "algorithm.fancy.betta: unknown key; did you mean 'beta'?",
         "algorithm.lax.gama: unknown key; did you mean 'gamma'?",
         "algorithm.lax.inner.deph: unknown key; did you mean 'depth'?",
+    ]
+    problems = problems_of([], [*SELECT, "algorithm.lax.gamma=nan", "algorithm.lax.ceiling=inf",
+                                "algorithm.fancy.beta=-inf"], registry=registry, environ={})
+    assert sorted(problems) == [
+        "algorithm.fancy.beta: Input should be a finite number (got -Infinity)",
+        "algorithm.lax.ceiling: Input should be a finite number (got Infinity)",
+        "algorithm.lax.gamma: Input should be a finite number (got NaN)",
     ]
 
 

@@ -110,6 +110,7 @@ CASES: list[tuple[str, str | None, dict[str, str], list[str], str]] = [
     ("s3-endpoint-creds", '[storage.s3]\nendpoint_url = "http://u:pw@h:9000"', {}, [],
      "storage.s3.endpoint_url"),
     ("storage-unknown", "[storage.sftp]\nx = 1", {}, [], "storage.sftp: unknown key"),
+    ("plugin-nan", "[storage.hf]\nbackoff_s = nan", {}, [], "storage.hf.backoff_s"),
     ("section-typo", "[trian]\nlr = 1", {}, [], "trian: unknown key; did you mean 'train'?"),
     ("top-level-key", "lr = 1", {}, [], "lr: unknown key"),
     ("section-scalar", "train = 5", {}, [], "train:"),

@@ -5,16 +5,25 @@ The ``config_model`` a component registers becomes ``[algorithm.<name>]``,
 ``[storage.<name>]``; a reward's model validates the extra keys of its
 ``[[rewards.components]]`` entry. Unknown keys are errors in every one of them, nested
 models included, even when the plugin's model does not say ``extra="forbid"``; only a model
-that says ``extra="allow"`` itself accepts free keys. Factories still receive an instance of
-the plugin's own model class.
+that says ``extra="allow"`` itself accepts free keys. A NaN or infinite number is an error
+in every one of them too. Factories still receive an instance of the plugin's own model
+class.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, Field, ValidatorFunctionWrapHandler, WrapValidator, create_model
+from pydantic import (
+    BaseModel,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    create_model,
+)
 from pydantic.json_schema import models_json_schema
 
 from reasonctl.core.config.schema import (
@@ -57,13 +66,38 @@ SELECTORS: dict[str, tuple[str, str]] = {
 
 
 def validate_strictly(model: type[BaseModel], values: Any) -> BaseModel:
-    """``values`` validated by ``model`` with unknown keys forbidden at every level.
+    """``values`` validated by ``model`` with unknown keys forbidden at every level and no
+    NaN or infinity in any number the values set.
 
     Models that set ``extra="allow"`` themselves keep accepting free keys. Raises
     pydantic's ``ValidationError``.
     """
     extra = None if model.model_config.get("extra") == "allow" else "forbid"
-    return model.model_validate(values, extra=extra)
+    instance = model.model_validate(values, extra=extra)
+    bad = list(_non_finite(instance, ()))
+    if bad:
+        raise ValidationError.from_exception_data(
+            model.__name__,
+            [{"type": "finite_number", "loc": loc, "input": value} for loc, value in bad],
+        )
+    return instance
+
+
+def _non_finite(value: Any, loc: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], float]]:
+    """Locations of NaN or infinite floats among the fields set in ``value`` (not defaults)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        yield loc, value
+    elif isinstance(value, BaseModel):
+        fields = type(value).model_fields
+        for name in value.model_fields_set:
+            key = fields[name].alias or name if name in fields else name
+            yield from _non_finite(getattr(value, name, None), (*loc, key))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _non_finite(item, (*loc, index))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _non_finite(item, (*loc, key))
 
 
 def strict_field(model: type[BaseModel]) -> Any:
