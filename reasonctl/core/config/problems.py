@@ -23,6 +23,7 @@ from reasonctl.core.errors import did_you_mean
 
 UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "tuple", "set", "bytes"})
 EXPECTATION = "Input should be "
+TEXT_EXPECTED = "Input should be a valid string"
 MAX_SHOWN = 80
 
 Loc = tuple[Any, ...]
@@ -39,12 +40,17 @@ class Issue:
         """``path: message``, or ``VARIABLE (path): message`` for an environment value."""
         path = ".".join(str(part) for part in self.loc)
         origin = sources.source_of(self.loc) if sources is not None and self.loc else None
-        if origin and origin.upper().startswith(ENV_PREFIX) and "," not in origin:
+        from_env = origin is not None and origin.upper().startswith(ENV_PREFIX) \
+            and "," not in origin
+        message = self.message
+        if (from_env or (origin or "").startswith("--set ")) and TEXT_EXPECTED in message:
+            message += "; values are read as TOML literals, so quote text (e.g. '2024')"
+        if from_env and origin is not None:
             variable_path = origin[len(ENV_PREFIX):].lower().split(ENV_DELIMITER)
             if variable_path == [str(part) for part in self.loc]:
-                return f"{origin}: {self.message}"
-            return f"{origin} ({path}): {self.message}"
-        return f"{path}: {self.message}" if path else self.message
+                return f"{origin}: {message}"
+            return f"{origin} ({path}): {message}"
+        return f"{path}: {message}" if path else message
 
 
 def format_validation_errors(
