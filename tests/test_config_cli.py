@@ -319,3 +319,21 @@ def test_run_checks_the_world_before_loading_anything(base, tmp_path):
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()
                 if line.startswith("import time:")}
     assert "torch" not in imported and "transformers" not in imported
+
+
+def test_paths_the_system_rejects_are_problems_too(app, base, tmp_path):
+    long_name = "x" * 300
+    result, output = invoke(app, [
+        "config", "validate", "-c", str(base[0]), "-c", str(tmp_path / long_name),
+        "--set", f"run.output_dir='{tmp_path / long_name}'",
+        "--set", 'eval.data="bad\\u0000name"', "--set", f"run.resume='{long_name}'",
+    ])
+    assert result.exit_code == 2 and "Traceback" not in output, output
+    assert f"{long_name}: cannot read the config file: File name too long" in output
+    result, output = invoke(app, ["config", "validate", "-c", str(base[0]),
+                                  "--set", f"run.output_dir='{tmp_path / long_name}'",
+                                  "--set", f"run.resume='{long_name}'",
+                                  "--set", 'eval.data="bad\\u0000name"'])
+    assert result.exit_code == 2 and "Traceback" not in output, output
+    for key in ("run.output_dir:", "run.resume:", "eval.data:"):
+        assert key in output

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,11 +63,12 @@ def preflight_problems(config: RunConfig, registry: Registry, *, world_size: int
     problems: list[str] = []
     for prefix, model, fields in _models_in_use(config, registry):
         problems += _input_path_problems(prefix, model, fields)
-    problems += _output_dir_problems("run.output_dir", config.run.output_dir)
+    problems += _guarded("run.output_dir", config.run.output_dir, _output_dir_problems)
     problems += _upload_problems(config.checkpoint.upload, registry)
     problems += _device_problems(config.backend.device)
     problems += _batch_problems(config, world_size)
-    problems += _resume_problems(config.run.resume)
+    if isinstance(config.run.resume, str) and config.run.resume:
+        problems += _guarded("run.resume", config.run.resume, _resume_problems)
     return [redact_text(problem) for problem in problems]
 
 
@@ -130,7 +131,7 @@ def _check_input(path: str, value: Any, marker: InputPath) -> list[str]:
         return [f"{path}: not set; point it at an existing {_kind_word(marker)}"] \
             if marker.required else []
     if isinstance(value, (str, os.PathLike)):
-        return _check_one(path, os.fspath(value), marker)
+        return _guarded(path, os.fspath(value), _check_one, marker)
     if isinstance(value, (list, tuple)):
         if not value and marker.required:
             return [f"{path}: empty; list at least one existing {_kind_word(marker)}"]
@@ -144,6 +145,15 @@ def _check_input(path: str, value: Any, marker: InputPath) -> list[str]:
 
 def _kind_word(marker: InputPath) -> str:
     return {"file": "file", "dir": "directory"}.get(marker.kind, "file or directory")
+
+
+def _guarded(path: str, value: str, check: Callable[..., list[str]], *args: Any) -> list[str]:
+    """``check(path, value, *args)``, with a path the OS rejects reported as a problem."""
+    try:
+        return check(path, value, *args)
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        return [f"{path}: {value!r} is not a usable path ({reason})"]
 
 
 def _check_one(path: str, value: str, marker: InputPath) -> list[str]:
@@ -192,7 +202,7 @@ def _upload_problems(uris: list[str], registry: Registry) -> list[str]:
                 problems.append(f"{path}: {uri!r} is not a URI (expected scheme://...) "
                                 "nor an existing local path")
             else:
-                problems += _output_dir_problems(path, rest)
+                problems += _guarded(path, rest, _output_dir_problems)
             continue
         if scheme not in schemes:
             close = did_you_mean(scheme, schemes)
@@ -266,9 +276,7 @@ def _batch_problems(config: RunConfig, world_size: int) -> list[str]:
             f"ranks x train.micro_batch_size ({micro}) = {step}; use e.g. {fit}"]
 
 
-def _resume_problems(resume: bool | str) -> list[str]:
-    if not isinstance(resume, str) or not resume:
-        return []
+def _resume_problems(_path: str, resume: str) -> list[str]:
     from reasonctl.core.checkpoint import MANIFEST
 
     target = Path(resume).expanduser()

@@ -141,14 +141,15 @@ def collect_sources(
 def read_toml(path: str | Path) -> dict[str, Any]:
     """Read one TOML file; any problem is a :class:`ConfigError` naming the file."""
     path = Path(path)
-    if not path.exists():
-        raise ConfigError([f"{path}: file not found (cwd: {Path.cwd()})"])
-    if path.is_dir():
-        raise ConfigError([f"{path}: is a directory; --config takes a TOML file"])
     try:
+        if not path.exists():
+            raise ConfigError([f"{path}: file not found (cwd: {Path.cwd()})"])
+        if path.is_dir():
+            raise ConfigError([f"{path}: is a directory; --config takes a TOML file"])
         raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError([f"{path}: cannot read the config file: {exc.strerror or exc}"]) from exc
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise ConfigError([f"{path}: cannot read the config file: {reason}"]) from exc
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
