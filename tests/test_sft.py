@@ -84,9 +84,9 @@ def test_global_batch_split_does_not_change_the_update(tmp_path: Path) -> None:
 def test_sample_reduction_weights_each_sample_equally(tmp_path: Path) -> None:
     data = [chat("a?", "x"), chat("b?", "a much longer answer " * 4)]
     token, sample = StepRecorder(), StepRecorder()
-    base = sft_config(tmp_path / "t", max_steps=1, global_batch_size=2, lr=0.0)
+    base = sft_config(tmp_path / "t", max_steps=1, global_batch_size=2)
     run(base, datasets=data, plugins=[token])
-    per_sample = sft_config(tmp_path / "s", max_steps=1, global_batch_size=2, lr=0.0)
+    per_sample = sft_config(tmp_path / "s", max_steps=1, global_batch_size=2)
     per_sample["algorithm"] = {"name": "sft", "sft": {"loss_reduction": "sample"}}
     run(per_sample, datasets=data, plugins=[sample])
     assert token.losses[0] != pytest.approx(sample.losses[0], rel=1e-3)
@@ -156,7 +156,7 @@ EXAMPLES = ("quickstart_sft", "qwen2_5_sft", "qwen2_5_vl_video_sft", "llava_sft"
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_configs_validate(name: str) -> None:
-    from reasonctl.core.config import load_config
+    from reasonctl import load_config
 
     config = load_config(REPO / "examples" / "configs" / f"{name}.toml")
     assert config.algorithm.name == "sft"
@@ -164,7 +164,7 @@ def test_example_configs_validate(name: str) -> None:
 
 @pytest.mark.slow
 def test_quickstart_learns_the_bundled_data(tmp_path: Path, monkeypatch: Any) -> None:
-    from reasonctl.core.config import load_config
+    from reasonctl import load_config
     from reasonctl.core.runner import run as run_config
 
     monkeypatch.chdir(REPO)  # the config's data path is relative to the repository root

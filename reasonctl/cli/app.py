@@ -15,6 +15,7 @@ import typer
 
 from reasonctl.cli import common
 from reasonctl.cli.common import ConfigOption, SetOption, console, fail, handle_errors
+from reasonctl.cli.config_cmd import config_app
 from reasonctl.cli.eval_cmd import eval_command
 from reasonctl.cli.export_cmd import export_command
 from reasonctl.cli.infer_cmd import infer_command
@@ -71,7 +72,7 @@ def build_app(host: PluginHost) -> typer.Typer:
 
     app.command("run")(run_command)
     app.command("plugins")(plugins_command)
-    app.add_typer(_config_app(), name="config", help="Show, validate or describe the config.")
+    app.add_typer(config_app(), name="config", help="Show, validate or describe the config.")
     app.command("env")(env_command)
     app.command("eval")(handle_errors(eval_command))
     app.command("infer")(handle_errors(infer_command))
@@ -121,6 +122,10 @@ def run_command(
     """Train: SFT, GRPO or any installed algorithm, as configured."""
     values = common.flag_values(algo=algo, backend=backend, output_dir=output_dir, resume=resume)
     cfg = common.load(config, set_, values)
+    if not common.inside_launcher():  # the launching process already checked
+        from reasonctl.core.config import check_preflight
+
+        check_preflight(cfg, common.host().registry)
     launched = nproc_per_node > 1 or nnodes > 1
     if launched and cfg.backend.name == "single":
         fail("the 'single' backend runs one process; use --backend fsdp (or megatron) with "
@@ -137,51 +142,6 @@ def run_command(
     common.report_result(result)
 
 
-# --- config --------------------------------------------------------------------------------
-
-
-def _config_app() -> typer.Typer:
-    config_app = typer.Typer(no_args_is_help=True)
-
-    @config_app.command("show")
-    @handle_errors
-    def show(
-        config: ConfigOption = None,
-        set_: SetOption = None,
-        algo: Annotated[str | None, typer.Option("--algo")] = None,
-        backend: Annotated[str | None, typer.Option("--backend")] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="JSON instead of TOML.")] = False,
-    ) -> None:
-        """Print the resolved configuration with secrets redacted."""
-        cfg = common.load(config, set_, common.flag_values(algo=algo, backend=backend))
-        if as_json:
-            typer.echo(json.dumps(cfg.to_dict(redact=True), indent=2))
-        else:
-            typer.echo(cfg.to_toml(redact=True))
-
-    @config_app.command("validate")
-    @handle_errors
-    def validate(
-        config: ConfigOption = None,
-        set_: SetOption = None,
-        algo: Annotated[str | None, typer.Option("--algo")] = None,
-        backend: Annotated[str | None, typer.Option("--backend")] = None,
-    ) -> None:
-        """Check the configuration without running; exit 2 listing every problem."""
-        cfg = common.load(config, set_, common.flag_values(algo=algo, backend=backend))
-        typer.echo(f"ok: algorithm={cfg.algorithm.name} backend={cfg.backend.name} "
-                   f"data={cfg.data.format} output_dir={cfg.run.output_dir}")
-
-    @config_app.command("schema")
-    @handle_errors
-    def schema() -> None:
-        """Print the JSON Schema of the config, plugin sections included."""
-        from reasonctl.core.config import build_config_model
-
-        model = build_config_model(common.host().registry)
-        typer.echo(json.dumps(model.model_json_schema(by_alias=True), indent=2))
-
-    return config_app
 
 
 # --- env -----------------------------------------------------------------------------------

@@ -5,14 +5,22 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from reasonctl.core.config import RunConfig, load_config, redact_text
+from reasonctl.core.config import (
+    ConfigSources,
+    RunConfig,
+    format_validation_errors,
+    load_config_with_sources,
+    redact_text,
+)
 from reasonctl.core.errors import ConfigError, ReasonctlError, UnknownComponentError
 from reasonctl.core.plugins import PluginHost
 
@@ -45,12 +53,28 @@ def host() -> PluginHost:
 
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print an error and exit with ``code``."""
-    console.print(f"[red]error:[/] {escape(redact_text(message))}", highlight=False)
+    console.print(f"[red]error:[/] {escape(redact_text(message))}", highlight=False,
+                  soft_wrap=True)
     raise typer.Exit(code)
 
 
+def warn(message: str) -> None:
+    """Print a warning (secrets redacted) and go on."""
+    console.print(f"[yellow]warning:[/] {escape(redact_text(message))}", highlight=False,
+                  soft_wrap=True)
+
+
+def warn_plugin_errors() -> None:
+    """Warn about every plugin that failed to load (its components are missing)."""
+    for record in host().errors:
+        warn(f"{record.error} (skipped; `reasonctl plugins --all` shows why)")
+
+
 def handle_errors(func: F) -> F:
-    """Map exceptions to exit codes: config/usage errors 2, run failures 1."""
+    """Map exceptions to exit codes: config/usage errors 2, run failures 1.
+
+    Config problems never print a traceback; an unexpected error prints one, redacted.
+    """
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -60,12 +84,16 @@ def handle_errors(func: F) -> F:
             raise
         except (ConfigError, UnknownComponentError) as exc:
             fail(str(exc), code=2)
+        except ValidationError as exc:  # a component validating its own options late
+            lines = "\n".join(f"  - {p}" for p in format_validation_errors(exc, BaseModel))
+            fail(f"Invalid {exc.title} options:\n{lines}", code=2)
         except ReasonctlError as exc:
             fail(str(exc), code=1)
         except KeyboardInterrupt:
             fail("interrupted", code=130)
         except Exception as exc:
-            console.print_exception(show_locals=False, max_frames=12)
+            trace = "".join(traceback.format_exception(exc))
+            console.print(redact_text(trace), markup=False, highlight=False, soft_wrap=True)
             fail(f"{type(exc).__name__}: {exc}", code=1)
 
     return wrapper  # type: ignore[return-value]
@@ -86,8 +114,16 @@ def flag_values(**flags: Any) -> dict[str, Any]:
 
 
 def load(config: list[str] | None, set_: list[str] | None, values: dict[str, Any]) -> RunConfig:
-    """Load and validate the config for a command (flags rank between files and --set)."""
-    return load_config(config or [], set_ or [], registry=host().registry, values=values)
+    """Load and validate the config for a command (``--set`` > flags > environment > files)."""
+    return load_with_sources(config, set_, values)[0]
+
+
+def load_with_sources(
+    config: list[str] | None, set_: list[str] | None, values: dict[str, Any]
+) -> tuple[RunConfig, ConfigSources]:
+    """:func:`load`, also returning where each value came from."""
+    return load_config_with_sources(config or [], set_ or [], registry=host().registry,
+                                    values=values, on_warning=warn)
 
 
 def inside_launcher() -> bool:

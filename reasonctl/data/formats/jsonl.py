@@ -13,10 +13,11 @@ A file that starts with ``[`` is read as a JSON array of such rows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
+from reasonctl.core.config import InputPath
 from reasonctl.data.formats.media_options import MediaOptions
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 class JsonlConfig(MediaOptions):
     """``[data.jsonl]``: the files to read and media defaults."""
 
-    path: str | list[str] | None = Field(
+    path: Annotated[str | list[str] | None, InputPath("file", required=True)] = Field(
         default=None, description="A .jsonl file (or JSON array file), or a list of them."
     )
 

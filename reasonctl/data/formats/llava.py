@@ -10,10 +10,11 @@ against ``media_root`` (default: the annotation file's directory). Other keys, s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
+from reasonctl.core.config import InputPath
 from reasonctl.data.formats.media_options import MediaOptions
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 class LlavaConfig(MediaOptions):
     """``[data.llava]``: the annotation file(s) and media defaults."""
 
-    path: str | list[str] | None = Field(
+    path: Annotated[str | list[str] | None, InputPath("file", required=True)] = Field(
         default=None, description="LLaVA annotation file (JSON array or JSONL), or a list."
     )
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from reasonctl.core.config import InputPath
 from reasonctl.data.messages import MediaResolver
 
 
@@ -18,7 +20,7 @@ class MediaOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    media_root: str | None = Field(
+    media_root: Annotated[str | None, InputPath("dir")] = Field(
         default=None,
         description="Directory that relative image/video paths resolve against "
         "(default: the data file's directory).",

@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
+from reasonctl.core.config import InputPath
 from reasonctl.data.formats.media_options import MediaOptions
 
 if TYPE_CHECKING:
@@ -35,7 +36,9 @@ PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 class VideoFolderConfig(MediaOptions):
     """``[data.video_folder]``: where the videos and metas are and how to phrase samples."""
 
-    root: str | None = Field(default=None, description="Directory holding videos/ and metas/.")
+    root: Annotated[str | None, InputPath("dir", required=True)] = Field(
+        default=None, description="Directory holding videos/ and metas/."
+    )
     videos_dir: str = Field(default="videos", description="Video directory, relative to root.")
     metas_dir: str = Field(default="metas", description="Meta directory, relative to root.")
     video_suffix: str = Field(

@@ -1,0 +1,292 @@
+"""Pre-flight checks: what a valid config needs from the world, known without loading a model.
+
+``reasonctl config validate`` runs them, and so does ``reasonctl run`` before it loads
+anything, so a missing data file or an unwritable output directory is reported in a second,
+with every other problem, instead of after minutes of model loading:
+
+- local input paths exist and are what they should be: every field marked with
+  :class:`~reasonctl.core.config.markers.InputPath` in the sections and in the configs of the
+  components the config selects (first-party and third-party alike), e.g.
+  ``data.jsonl.path``, ``data.video_folder.root``, ``eval.data``;
+- ``run.output_dir`` is (or can be created as) a writable directory;
+- ``checkpoint.upload`` URIs use an installed storage scheme and are well-formed
+  (``s3://`` needs a bucket, ``hf://`` an ``owner/repo``);
+- the requested ``backend.device`` is present (torch is imported only for that check);
+- ``train.micro_batch_size`` times the data-parallel ranks divides ``train.global_batch_size``
+  (for the algorithms that draw it, :data:`GLOBAL_BATCH_ALGORITHMS`);
+- ``run.resume``, when a path, is a complete checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from reasonctl.core.config.markers import InputPath
+from reasonctl.core.config.redaction import redact_text
+from reasonctl.core.config.schema import RunConfig
+from reasonctl.core.errors import ConfigError, ReasonctlError, did_you_mean
+from reasonctl.core.storage import parse_uri
+
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
+
+    from reasonctl.core.registry import Registry
+
+GLOBAL_BATCH_ALGORITHMS = frozenset({"sft"})
+"""Algorithms whose step draws ``train.global_batch_size`` samples split into
+``train.micro_batch_size`` micro-batches per data-parallel rank (GRPO sizes its step with
+``algorithm.grpo.prompts_per_step`` instead). To be replaced by a capability the algorithm
+protocol declares."""
+_SCHEME_MISSING_SLASH = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/?[^/]")
+_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+HUB_REPO_TYPES = ("datasets", "spaces", "models")
+
+
+def check_preflight(config: RunConfig, registry: Registry, *, world_size: int = 1) -> None:
+    """Raise :class:`ConfigError` listing every :func:`preflight_problems` entry."""
+    problems = preflight_problems(config, registry, world_size=world_size)
+    if problems:
+        raise ConfigError(problems)
+
+
+def preflight_problems(config: RunConfig, registry: Registry, *, world_size: int = 1) -> list[str]:
+    """Every problem of ``config`` with the outside world, as ``path: message`` lines.
+
+    ``world_size`` is the number of data-parallel ranks the global batch is split over.
+    """
+    problems: list[str] = []
+    for prefix, model, fields in _models_in_use(config, registry):
+        problems += _input_path_problems(prefix, model, fields)
+    problems += _guarded("run.output_dir", config.run.output_dir, _output_dir_problems)
+    problems += _upload_problems(config.checkpoint.upload, registry)
+    problems += _device_problems(config.backend.device)
+    problems += _batch_problems(config, world_size)
+    if isinstance(config.run.resume, str) and config.run.resume:
+        problems += _guarded("run.resume", config.run.resume, _resume_problems)
+    return [redact_text(problem) for problem in problems]
+
+
+# --- marked input paths ----------------------------------------------------------------------
+
+
+def _models_in_use(
+    config: RunConfig, registry: Registry
+) -> list[tuple[str, BaseModel, dict[str, FieldInfo]]]:
+    """The built-in sections (their own fields) and the configs of the selected components."""
+    out: list[tuple[str, BaseModel, dict[str, FieldInfo]]] = []
+    for name, field in RunConfig.model_fields.items():
+        base: Any = field.annotation
+        out.append((name, getattr(config, name), base.model_fields))
+    selected = [
+        ("algorithm", config.algorithm.name),
+        ("backend", config.backend.name),
+        ("data", config.data.format),
+        ("rollout", config.rollout.engine),
+        *(("logging", name) for name in config.logging.loggers),
+        *(("storage", parse_uri(uri)[0]) for uri in config.checkpoint.upload),
+    ]
+    for section, name in dict.fromkeys(selected):
+        value = config.component_config(section, name)
+        if isinstance(value, BaseModel):
+            out.append((f"{section}.{name}", value, type(value).model_fields))
+    for index, (_entry, options) in enumerate(_reward_options(config, registry)):
+        if isinstance(options, BaseModel):
+            out.append((f"rewards.components.{index}", options, type(options).model_fields))
+    return out
+
+
+def _reward_options(config: RunConfig, registry: Registry) -> list[tuple[Any, Any]]:
+    try:
+        return config.reward_configs(registry)
+    except ReasonctlError:
+        return []  # an unknown reward is a schema problem, reported by validation
+
+
+def _input_path_problems(prefix: str, model: BaseModel, fields: dict[str, FieldInfo]) -> list[str]:
+    problems = []
+    for name, field in fields.items():
+        value = getattr(model, name, None)
+        path = f"{prefix}.{field.alias or name}"
+        for marker in field.metadata:
+            if isinstance(marker, InputPath):
+                problems += _check_input(path, value, marker)
+        if isinstance(value, BaseModel):
+            problems += _input_path_problems(path, value, type(value).model_fields)
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    problems += _input_path_problems(f"{path}.{index}", item,
+                                                     type(item).model_fields)
+    return problems
+
+
+def _check_input(path: str, value: Any, marker: InputPath) -> list[str]:
+    if value is None:
+        return [f"{path}: not set; point it at an existing {_kind_word(marker)}"] \
+            if marker.required else []
+    if isinstance(value, (str, os.PathLike)):
+        return _guarded(path, os.fspath(value), _check_one, marker)
+    if isinstance(value, (list, tuple)):
+        if not value and marker.required:
+            return [f"{path}: empty; list at least one existing {_kind_word(marker)}"]
+        return [p for index, item in enumerate(value)
+                for p in _check_input(f"{path}.{index}", item, marker)]
+    if isinstance(value, Mapping):
+        return [p for key, item in value.items()
+                for p in _check_input(f"{path}.{key}", item, marker)]
+    return []
+
+
+def _kind_word(marker: InputPath) -> str:
+    return {"file": "file", "dir": "directory"}.get(marker.kind, "file or directory")
+
+
+def _guarded(path: str, value: str, check: Callable[..., list[str]], *args: Any) -> list[str]:
+    """``check(path, value, *args)``, with a path the OS rejects reported as a problem."""
+    try:
+        return check(path, value, *args)
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        return [f"{path}: {value!r} is not a usable path ({reason})"]
+
+
+def _check_one(path: str, value: str, marker: InputPath) -> list[str]:
+    target = Path(value).expanduser()
+    if not target.exists():
+        return [f"{path}: {value!r} does not exist (cwd: {Path.cwd()})"]
+    if marker.kind == "file" and not target.is_file():
+        what = "a directory" if target.is_dir() else "not a regular file"
+        return [f"{path}: {value!r} is {what}; expected a file"]
+    if marker.kind == "dir" and not target.is_dir():
+        return [f"{path}: {value!r} is not a directory"]
+    if not os.access(target, os.R_OK):
+        return [f"{path}: {value!r} is not readable (check its permissions)"]
+    return []
+
+
+# --- outputs and storage -------------------------------------------------------------------
+
+
+def _output_dir_problems(path: str, value: str) -> list[str]:
+    target = Path(value).expanduser()
+    if target.exists():
+        if not target.is_dir():
+            return [f"{path}: {value!r} is a file; choose a directory"]
+        if not os.access(target, os.W_OK | os.X_OK):
+            return [f"{path}: {value!r} is not writable (check its permissions)"]
+        return []
+    parent = target.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return [f"{path}: cannot create {value!r}: {parent} is a file"]
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return [f"{path}: cannot create {value!r}: {parent} is not writable"]
+    return []
+
+
+def _upload_problems(uris: list[str], registry: Registry) -> list[str]:
+    problems = []
+    schemes = registry.names("storage")
+    for index, uri in enumerate(uris):
+        path = f"checkpoint.upload.{index}"
+        scheme, rest = parse_uri(uri)
+        if scheme == "file":
+            if _SCHEME_MISSING_SLASH.match(uri) and not Path(uri).exists():
+                problems.append(f"{path}: {uri!r} is not a URI (expected scheme://...) "
+                                "nor an existing local path")
+            else:
+                problems += _guarded(path, rest, _output_dir_problems)
+            continue
+        if scheme not in schemes:
+            close = did_you_mean(scheme, schemes)
+            hint = f"; did you mean {close}://?" if close else ""
+            problems.append(f"{path}: unknown storage scheme {scheme!r} in {uri!r}{hint} "
+                            f"(installed: {', '.join(schemes) or 'none'})")
+            continue
+        problem = _uri_shape_problem(scheme, rest)
+        if problem:
+            problems.append(f"{path}: {uri!r} {problem}")
+    return problems
+
+
+def _uri_shape_problem(scheme: str, rest: str) -> str | None:
+    """What is wrong with a URI of a first-party scheme (``None`` when well-formed)."""
+    if scheme == "s3":
+        bucket = rest.split("/", 1)[0]
+        if not bucket:
+            return "has no bucket; expected s3://BUCKET[/prefix]"
+        if "@" in bucket:
+            return ("holds credentials; set them in the environment (AWS_ACCESS_KEY_ID, "
+                    "AWS_SECRET_ACCESS_KEY) or an AWS profile, not in the URI")
+        if not _BUCKET.match(bucket):
+            return f"has an invalid bucket name {bucket!r}; expected s3://BUCKET[/prefix]"
+    if scheme == "hf":
+        parts = [p for p in rest.split("/") if p]
+        if parts and parts[0] in HUB_REPO_TYPES:
+            parts = parts[1:]
+        if len(parts) < 2:
+            return "needs a repository; expected hf://owner/repo[/path] (or hf://datasets/...)"
+    return None
+
+
+# --- devices, batches, resume --------------------------------------------------------------
+
+
+def _device_problems(device: str) -> list[str]:
+    kind, _, index = device.partition(":")
+    if kind not in ("cuda", "mps"):
+        return []
+    try:
+        import torch
+    except ImportError:
+        return [f"backend.device: {device!r} needs torch, which is not installed"]
+    if kind == "mps":
+        if not torch.backends.mps.is_available():
+            return ["backend.device: 'mps' is not available on this machine; use 'cpu' or 'auto'"]
+        return []
+    if not torch.cuda.is_available():
+        return [f"backend.device: {device!r} but CUDA is not available on this machine; "
+                "use 'cpu' or 'auto'"]
+    count = torch.cuda.device_count()
+    if index and int(index) >= count:
+        return [f"backend.device: {device!r} but this machine has {count} CUDA device(s) "
+                f"(cuda:0 to cuda:{count - 1})"]
+    return []
+
+
+def _batch_problems(config: RunConfig, world_size: int) -> list[str]:
+    if config.algorithm.name not in GLOBAL_BATCH_ALGORITHMS:
+        return []
+    total, micro = config.train.global_batch_size, config.train.micro_batch_size
+    step = micro * world_size
+    if total % step == 0:
+        return []
+    fit = max(1, total // step) * step
+    if world_size == 1:
+        return [f"train.global_batch_size: {total} is not a multiple of train.micro_batch_size "
+                f"({micro}); use e.g. {fit}, or a micro_batch_size that divides {total}"]
+    return [f"train.global_batch_size: {total} is not a multiple of {world_size} data-parallel "
+            f"ranks x train.micro_batch_size ({micro}) = {step}; use e.g. {fit}"]
+
+
+def _resume_problems(_path: str, resume: str) -> list[str]:
+    from reasonctl.core.checkpoint import MANIFEST
+
+    target = Path(resume).expanduser()
+    lowered = resume.strip().lower()
+    hint = ""
+    if lowered in ("true", "false"):
+        hint = f"; for the boolean, write run.resume = {lowered} without quotes"
+    if not target.exists():
+        return [f"run.resume: checkpoint {resume!r} does not exist (cwd: {Path.cwd()}){hint}"]
+    if not target.is_dir() or not (target / MANIFEST).is_file():
+        return [f"run.resume: {resume!r} is not a complete checkpoint (no {MANIFEST}); point it "
+                "at a checkpoints/step_<N> directory, or set run.resume = true for the newest one"]
+    return []

@@ -1,0 +1,282 @@
+"""The typed sections of a run's configuration and :class:`RunConfig`, which holds them.
+
+Every section forbids unknown keys and rejects NaN and infinity; value constraints that
+need nothing outside the config (``train.lr > 0``, ``betas`` in ``[0, 1)``, ``seed >= 0``)
+live here, next to the fields. Checks of the outside world (files, devices) are in
+:mod:`reasonctl.core.config.preflight`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from reasonctl.core.config.markers import InputPath
+from reasonctl.core.config.redaction import redact_secrets
+
+if TYPE_CHECKING:
+    from reasonctl.core.registry import Registry
+
+STRICT = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True)
+"""No unknown keys, no NaN or infinity, no coercion (``true`` is not a number, ``"5"`` not an
+integer): values come typed from TOML, and ``--set`` / environment values are parsed as TOML
+literals before validation."""
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|(cuda|xpu)(:\d+)?)$")
+MAX_SEED = 2**63 - 1
+
+Probability = Annotated[float, Field(ge=0, lt=1)]
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys, NaN and infinity are errors."""
+
+    model_config = STRICT
+
+
+class RunSection(Section):
+    """``[run]``: identity and place of the run."""
+
+    name: str = Field(default="run", min_length=1)
+    output_dir: str = Field(default="outputs/run", min_length=1)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    resume: bool | str = Field(
+        default=False,
+        description="true: newest complete checkpoint in output_dir; a path: that checkpoint.",
+    )
+    on_signal: Literal["checkpoint", "exit"] = "checkpoint"
+
+
+class ModelSection(Section):
+    """``[model]``: what to train."""
+
+    name_or_path: str = Field(default="tiny-random", min_length=1)
+    tokenizer: str | None = None
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    attention: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
+    gradient_checkpointing: bool = False
+    trust_remote_code: bool = False
+    max_length: int = Field(default=2048, gt=0)
+    freeze: list[str] = Field(default_factory=list, description="Regexes of frozen params.")
+    trainable: list[str] = Field(
+        default_factory=list, description="If set, only params matching these regexes train."
+    )
+
+    @field_validator("freeze", "trainable")
+    @classmethod
+    def _compile(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from exc
+        return patterns
+
+
+class DataSection(Section):
+    """``[data]``: training data; the format's own keys go in ``[data.<format>]``."""
+
+    format: str = Field(default="jsonl", min_length=1)
+    on_bad_row: Literal["error", "skip"] = "error"
+    shuffle: bool = True
+    max_samples: int | None = Field(default=None, gt=0)
+    packing: bool = False
+    system_prompt: str | None = None
+    prompt_template: str | None = None
+
+
+class TrainSection(Section):
+    """``[train]``: optimisation."""
+
+    lr: float = Field(default=1e-5, gt=0)
+    max_steps: int | None = Field(default=None, gt=0)
+    epochs: int = Field(default=1, gt=0)
+    global_batch_size: int = Field(default=8, gt=0)
+    micro_batch_size: int = Field(default=1, gt=0)
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(default=0, ge=0)
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    betas: tuple[Probability, Probability] = Field(default=(0.9, 0.999), strict=False)
+    adam_eps: float = Field(default=1e-8, gt=0)
+    max_grad_norm: float = Field(default=1.0, ge=0, description="0 disables clipping.")
+    compile: bool = False
+
+
+class AlgorithmSection(Section):
+    """``[algorithm]``: which algorithm; its own keys go in ``[algorithm.<name>]``."""
+
+    name: str = Field(default="sft", min_length=1)
+
+
+class BackendSection(Section):
+    """``[backend]``: which parallelism backend; its keys go in ``[backend.<name>]``."""
+
+    name: str = Field(default="single", min_length=1)
+    device: str = Field(default="auto", description="auto, cpu, cuda or cuda:N (also mps).")
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, device: str) -> str:
+        if not DEVICE_PATTERN.match(device):
+            raise ValueError("expected auto, cpu, cuda, cuda:N or mps")
+        return device
+
+
+class RolloutSection(Section):
+    """``[rollout]``: sampling for RL and evaluation; engine keys in ``[rollout.<engine>]``."""
+
+    engine: str = Field(default="hf", min_length=1)
+    n: int = Field(default=8, gt=0)
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0)
+    max_new_tokens: int = Field(default=256, gt=0)
+    stop: list[str] = Field(default_factory=list)
+
+
+class RewardComponent(BaseModel):
+    """One ``[[rewards.components]]`` entry; extra keys go to the reward's config model."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False,
+                              strict=True)
+
+    name: str = Field(min_length=1)
+    weight: float = 1.0
+
+
+class RewardsSection(Section):
+    """``[rewards]``: the weighted reward terms and what to do when one raises."""
+
+    components: list[RewardComponent] = Field(default_factory=list)
+    on_error: Literal["raise", "zero"] = "raise"
+
+
+class CheckpointSection(Section):
+    """``[checkpoint]``: saving, pruning, exporting and uploading."""
+
+    every_steps: int = Field(default=0, ge=0, description="0 disables periodic checkpoints.")
+    keep: int = Field(default=2, gt=0)
+    async_save: bool = Field(
+        default=False,
+        description="Copy the checkpoint state to host memory and write it in a background "
+        "thread while training goes on; it is committed (renamed, pruned, uploaded) once "
+        "written. The megatron backend always writes synchronously.",
+    )
+    export_final: bool = True
+    export_every_checkpoint: bool = False
+    export_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    upload: list[str] = Field(default_factory=list, description="Storage URIs to upload to.")
+    upload_when: Literal["final", "every"] = "final"
+
+
+class LoggingSection(Section):
+    """``[logging]``: metric sinks; each logger's keys go in ``[logging.<name>]``."""
+
+    loggers: list[str] = Field(default_factory=lambda: ["console", "jsonl"])
+    every_steps: int = Field(default=1, gt=0)
+    plot: bool = True
+
+
+class EvalSection(Section):
+    """``[eval]``: evaluation data and answer parsing."""
+
+    data: Annotated[str | None, InputPath("file")] = Field(
+        default=None, description="Evaluation file (JSON Lines), checked before the run."
+    )
+    every_steps: int = Field(default=0, ge=0)
+    answer_format: Literal["letter", "reasoning", "free"] = "reasoning"
+    max_samples: int | None = Field(default=None, gt=0)
+    temperature: float = Field(default=0.0, ge=0, description="0 = greedy decoding.")
+    max_new_tokens: int | None = Field(
+        default=None, gt=0, description="Defaults to rollout.max_new_tokens."
+    )
+
+
+class StorageSection(Section):
+    """``[storage]``: per-scheme settings in ``[storage.<scheme>]``."""
+
+
+class RunConfig(BaseModel):
+    """The whole configuration of a run.
+
+    Build one with :func:`~reasonctl.core.config.load_config`, which adds the plugin
+    sections and applies the sources in order; constructing it directly validates only
+    the given values.
+    """
+
+    model_config = STRICT
+
+    run: RunSection = Field(default_factory=RunSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection = Field(default_factory=DataSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
+    backend: BackendSection = Field(default_factory=BackendSection)
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    rewards: RewardsSection = Field(default_factory=RewardsSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    storage: StorageSection = Field(default_factory=StorageSection)
+
+    def component_config(self, section: str, name: str) -> Any:
+        """The typed config of component ``name`` in ``section`` (defaults when absent)."""
+        holder = getattr(self, section)
+        value = getattr(holder, field_name(name), None)
+        if value is not None:
+            return value
+        field = type(holder).model_fields.get(field_name(name))
+        if field is None:
+            return None
+        model = model_in(field.annotation)
+        return model() if model is not None else None
+
+    def reward_configs(self, registry: Registry) -> list[tuple[RewardComponent, Any]]:
+        """Each reward entry with its extra keys validated by the reward's config model."""
+        out = []
+        for entry in self.rewards.components:
+            if ":" in entry.name:  # a module:function path takes no options
+                out.append((entry, None))
+                continue
+            spec = registry.get("reward", entry.name)
+            out.append((entry, spec.make_config(dict(entry.model_extra or {}))))
+        return out
+
+    def to_dict(self, *, redact: bool = True) -> dict[str, Any]:
+        """The config as plain data; secrets replaced by ``***`` unless ``redact=False``."""
+        data = self.model_dump(mode="json", by_alias=True, exclude_none=False)
+        return redact_secrets(data) if redact else data
+
+    def to_toml(self, *, redact: bool = True) -> str:
+        """The config as TOML text (``None`` values omitted), redacted by default.
+
+        Loading the unredacted text back gives an equal config; so does the redacted text
+        when the config holds no secret values.
+        """
+        import tomli_w
+
+        return tomli_w.dumps(drop_none(self.to_dict(redact=redact)))
+
+
+def field_name(name: str) -> str:
+    """The Python field name of a component section called ``name``."""
+    return name.replace("-", "_").replace(".", "_")
+
+
+def model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation such as ``Model | None`` (or ``None``)."""
+    for arg in getattr(annotation, "__args__", (annotation,)):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
+def drop_none(data: Any) -> Any:
+    """``data`` without ``None`` values (TOML has no null)."""
+    if isinstance(data, dict):
+        return {k: drop_none(v) for k, v in data.items() if v is not None}
+    if isinstance(data, list):
+        return [drop_none(v) for v in data if v is not None]
+    return data
