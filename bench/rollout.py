@@ -275,7 +275,7 @@ def _chain_uses_descriptors(step: Any) -> bool:
     """True when the kernel chain's matmuls load through tensor descriptors."""
     if step is None or not step.chain or not torch.cuda.is_available():
         return False
-    from reasonctl.rollout.decode_linear import uses_descriptors
+    from reasonctl.rollout.kernels.decode_linear import uses_descriptors
 
     weight = step.layers[0].down
     x = torch.empty((1, weight.shape[1]), dtype=weight.dtype, device=weight.device)
@@ -286,9 +286,9 @@ def step_breakdown(engine: Any, batch: int, repeat: int = 200) -> dict[str, floa
     """Microseconds per call of the decode step's forward graph and of its sampler at
     ``batch`` rows, each run ``repeat`` times back to back (device time from CUDA events,
     and wall time including the host's launches)."""
-    from reasonctl.rollout.head_sampling import MAX_ROWS as HEAD_SAMPLE_ROWS
-    from reasonctl.rollout.head_sampling import head_sample
-    from reasonctl.rollout.race_sampling import race_sample
+    from reasonctl.rollout.kernels.head_sampling import MAX_ROWS as HEAD_SAMPLE_ROWS
+    from reasonctl.rollout.kernels.head_sampling import head_sample
+    from reasonctl.rollout.kernels.race_sampling import race_sample
     from reasonctl.rollout.sampling import sample_tokens
 
     decoder = engine.static_decoder

@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from reasonctl import hookimpl
-from reasonctl.rollout.buckets import DEFAULT_GRAPH_BATCH_SIZES
+from reasonctl.rollout.static.buckets import DEFAULT_GRAPH_BATCH_SIZES
 
 if TYPE_CHECKING:
     from reasonctl.core.context import RunContext
     from reasonctl.core.registry import Registrar
+    from reasonctl.rollout.options import DecodeOptions
 
 
 class HFRolloutConfig(BaseModel):
@@ -69,14 +70,16 @@ class HFRolloutConfig(BaseModel):
     )
 
 
-def build_hf_engine(config: HFRolloutConfig | None, *, ctx: RunContext) -> Any:
+def build_hf_engine(config: HFRolloutConfig | None, *, ctx: RunContext,
+                    options: DecodeOptions | None = None) -> Any:
     """Build the engine for the run in ``ctx``.
 
     With ``share_weights`` and a backend offering a ``generation_model`` (the ``single``
     backend) the engine generates with that module under the backend's autocast. Otherwise
     (FSDP, Megatron: sharded or wrapped weights) it loads its own
     unsharded copy on the backend's device; the algorithm refreshes it with
-    ``update_weights(backend.full_state_dict())`` before each rollout.
+    ``update_weights(backend.full_state_dict())`` before each rollout. ``options`` are the
+    decode path's switches (benchmarks turn parts off; default: the fast path).
     """
     from transformers import AutoTokenizer
 
@@ -96,6 +99,8 @@ def build_hf_engine(config: HFRolloutConfig | None, *, ctx: RunContext) -> Any:
         "cuda_graphs": config.cuda_graphs, "graph_batch_sizes": config.graph_batch_sizes,
         "compile_decode": config.compile, "fused_kernels": config.fused_kernels,
     }
+    if options is not None:
+        decode_options["options"] = options
     shared = getattr(backend, "generation_model", None)
     if config.share_weights and shared is not None:
         return HFRolloutEngine(
