@@ -103,7 +103,6 @@ class HFRolloutEngine:
         self.autocast = autocast or nullcontext
         self.shares_policy_weights = shares_policy_weights
         self.last_stats = RolloutStats()
-        self.options = options
         self.dynamic_decoder = DynamicDecoder(
             model, pad_token_id=self.pad_token_id, eos_token_ids=self.eos_token_ids,
             decode=self._decode, decode_many=self._decode_many)
