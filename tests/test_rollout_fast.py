@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +195,29 @@ def test_buckets_pick_the_smallest_that_fits() -> None:
     assert pick_bucket(9, 16, sizes) == 16
     assert pick_bucket(5, 6, sizes) == 6  # never above the slot count
     assert pick_bucket(1, 1, sizes) == 1
+
+
+def test_decode_options_are_frozen_checked_and_set_the_window(
+        model: Any, tokenizer: Any, prompts: list[list[int]]) -> None:
+    with pytest.raises(ValueError, match="sync_every must be at least 1.*prefill_graph_limit"):
+        DecodeOptions(sync_every=0, prefill_graph_limit=-1)
+    options = DecodeOptions()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.sync_every = 4  # type: ignore[misc]
+    params = SamplingParams(temperature=0.0, max_new_tokens=10)
+    short = HFRolloutEngine(model, tokenizer,
+                            options=dataclasses.replace(options, sync_every=4))
+    got = short.generate(_inputs(prompts), params)
+    assert short.static_decoder is not None and short.static_decoder.buffers is not None
+    assert short.static_decoder.buffers.window_tokens.shape[-1] == 4
+    assert _ids(got) == _ids(HFRolloutEngine(model, tokenizer).generate(_inputs(prompts),
+                                                                        params))
+
+
+def test_the_package_imports_without_torch() -> None:
+    code = ("import sys, reasonctl.rollout as r; r.DecodeOptions(); "
+            "import reasonctl.rollout.static.buckets; assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_no_prompts_give_no_completions(model: Any, tokenizer: Any) -> None:
