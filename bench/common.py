@@ -188,23 +188,13 @@ def now() -> float:
     return time.perf_counter()
 
 
-def use_stock_mlp() -> None:
-    """Make the rollout's decode step use the library gate/up matmul and a separate
-    activation instead of its fused gate/up kernel (no batch is small enough for it; the
-    kernel chain, which always has that kernel, is off too)."""
-    from reasonctl.rollout import decode_forward
+def build_rollout_engine(ctx: Any, options: Any = None) -> Any:
+    """The run's ``hf`` rollout engine, built through the registry from ``[rollout.hf]``
+    as a run builds it, with the decode path's switches ``options`` (a
+    :class:`reasonctl.rollout.DecodeOptions`; None: the fast path)."""
+    from reasonctl.rollout.factory import build_hf_engine
 
-    decode_forward.FUSED_MLP_ROWS = 0
-    decode_forward.CHAIN_ROWS = 0
-
-
-def use_library_matmuls() -> None:
-    """Make the rollout's decode step run its matmuls as library calls and its norms as
-    the model's modules (compiled with ``compile``) instead of the kernel chain; the fused
-    attention and gate/up kernels stay."""
-    from reasonctl.rollout import decode_forward
-
-    decode_forward.CHAIN_ROWS = 0
+    return build_hf_engine(ctx.component_config("rollout", "hf"), ctx=ctx, options=options)
 
 
 def free_memory() -> None:

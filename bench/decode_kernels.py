@@ -3,13 +3,13 @@
 At the shapes of one decode step of a Qwen2.5-shaped model (``--size``) at ``--batch``
 rows, bf16, on CUDA:
 
-- attention: :func:`reasonctl.rollout.decode_attention.decode_attention` (rotary, cache
+- attention: :func:`reasonctl.rollout.kernels.decode_attention.decode_attention` (rotary, cache
   store, attention bounded by each row's length) at several ``splits`` against the stock
   path it replaces (rotary, indexed cache stores, SDPA over the whole cache with a mask),
   for rows of mixed lengths up to ``--max-len``;
-- sampling: :func:`reasonctl.rollout.race_sampling.race_sample` against drawing the noise
+- sampling: :func:`reasonctl.rollout.kernels.race_sampling.race_sample` against drawing the noise
   and running :func:`reasonctl.rollout.sampling.exponential_race`, eager and compiled;
-- mlp: :func:`reasonctl.rollout.decode_mlp.gated_silu` (at its chosen tiles and a sweep
+- mlp: :func:`reasonctl.rollout.kernels.decode_mlp.gated_silu` (at its chosen tiles and a sweep
   of others) against ``F.linear`` followed by the compiled SwiGLU activation. Each timed
   call reads a different copy of the weight (as many copies as ``--repeat``), so the
   weights come from memory, not from the L2 cache, as they do in a decode step.
@@ -77,7 +77,7 @@ def time_graph(fn: Callable[[], Any], repeat: int, trials: int) -> float:
 def attention_case(args: argparse.Namespace, qkv: torch.Tensor, keys: torch.Tensor,
                    values: torch.Tensor, positions: torch.Tensor, heads: int) -> dict[str, Any]:
     """Check, then time, each attention variant for rows at ``positions``."""
-    from reasonctl.rollout.decode_attention import (
+    from reasonctl.rollout.kernels.decode_attention import (
         decode_attention,
         decode_attention_reference,
         default_splits,
@@ -135,7 +135,7 @@ def attention_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def sampling_bench(args: argparse.Namespace) -> dict[str, Any]:
     """The two-kernel sampler against noise + exponential race, eager and compiled."""
-    from reasonctl.rollout.race_sampling import race_sample
+    from reasonctl.rollout.kernels.race_sampling import race_sample
     from reasonctl.rollout.sampling import exponential_race
 
     vocab = SHAPES[args.size][4]
@@ -166,10 +166,10 @@ def sampling_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def mlp_bench(args: argparse.Namespace) -> dict[str, Any]:
     """The gate/up projection and SwiGLU: ``F.linear`` and a compiled activation against
-    :func:`~reasonctl.rollout.decode_mlp.gated_silu` at a sweep of tiles."""
+    :func:`~reasonctl.rollout.kernels.decode_mlp.gated_silu` at a sweep of tiles."""
     import torch.nn.functional as F
 
-    from reasonctl.rollout.decode_mlp import Tiles, choose_tiles, gated_silu
+    from reasonctl.rollout.kernels.decode_mlp import Tiles, choose_tiles, gated_silu
 
     depth, ffn = SHAPES[args.size][:2]
     columns = 2 * ffn

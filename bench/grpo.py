@@ -32,6 +32,7 @@ import torch
 from bench.common import (
     CHAT_TEMPLATE,
     build_model_dir,
+    build_rollout_engine,
     emit,
     environment,
     free_memory,
@@ -41,8 +42,6 @@ from bench.common import (
     reasonctl_backend,
     tokenizer_dir,
     trl_even_word_reward,
-    use_library_matmuls,
-    use_stock_mlp,
     words,
 )
 
@@ -90,9 +89,21 @@ def prompt_texts(count: int) -> list[str]:
     return [words(row) for row in random_rows(count, PROMPT_WORDS, seed=3)]
 
 
+def decode_options(args: argparse.Namespace) -> Any:
+    """The rollout engine's :class:`~reasonctl.rollout.DecodeOptions`: the fast path with
+    the parts the command line switches off."""
+    from reasonctl.rollout import DecodeOptions
+
+    return DecodeOptions(fused_mlp=not args.rollout_stock_mlp,
+                         kernel_chain=not args.rollout_no_chain,
+                         head_sampling=not args.rollout_no_head_sampling)
+
+
 def run_reasonctl(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     """reasonctl's GRPO step by step; per-step metrics and memory."""
     from reasonctl.algorithms.grpo import GRPO
+    from reasonctl.core.composition import compose
+    from reasonctl.rollout import DecodeOptions
 
     out = Path(args.out) / "run" / "grpo"
     out.mkdir(parents=True, exist_ok=True)
@@ -115,6 +126,10 @@ def run_reasonctl(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         "backend": {"single": {"param_dtype": args.param_dtype}},
     })
     algorithm = GRPO(ctx.component_config("algorithm", "grpo"))
+    compose(ctx, algorithm.needs())
+    options = decode_options(args)
+    if options != DecodeOptions():  # parts of the decode path switched off
+        ctx.engine = build_rollout_engine(ctx, options)
     algorithm.setup(ctx)
     steps: list[dict[str, float]] = []
     for index in range(args.steps):
@@ -210,14 +225,6 @@ def run_trl(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     """Run the implementations and print the comparison."""
     args = parse_args()
-    if args.rollout_stock_mlp:
-        use_stock_mlp()
-    if args.rollout_no_chain:
-        use_library_matmuls()
-    if args.rollout_no_head_sampling:
-        from reasonctl.rollout import fast_decode
-
-        fast_decode.HEAD_SAMPLING = False
     out = Path(args.out)
     model_dir = build_model_dir(out / "models", args.size)
     summary: dict[str, Any] = {

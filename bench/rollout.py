@@ -19,6 +19,10 @@ Also reported:
     python -m bench.rollout                    # static KV cache + CUDA graphs (default)
     python -m bench.rollout --compile          # ... with the decode step compiled
     python -m bench.rollout --decode dynamic   # the per-token dynamic-cache loop
+    python -m bench.rollout --no-pdl           # one part of the fast path switched off
+
+Switches such as ``--no-pdl`` or ``--hf-prefill`` build the engine with a
+:class:`reasonctl.rollout.DecodeOptions` that turns that part off.
 
 The summary's ``reasonctl.decode`` says which path ran (``static+cuda_graphs``,
 ``static`` or ``dynamic``).
@@ -29,6 +33,7 @@ The last line printed is a JSON summary.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +41,7 @@ import torch
 
 from bench.common import (
     build_model_dir,
+    build_rollout_engine,
     emit,
     environment,
     free_memory,
@@ -43,8 +49,6 @@ from bench.common import (
     now,
     random_rows,
     reasonctl_backend,
-    use_library_matmuls,
-    use_stock_mlp,
 )
 
 
@@ -98,8 +102,8 @@ def parse_args() -> argparse.Namespace:
                         help="Write logits and sample them (two kernels) instead of applying "
                         "the output head inside the sampler.")
     parser.add_argument("--sync-every", type=int, default=0,
-                        help="Decode steps between host synchronisations (the engine's "
-                        "SYNC_EVERY; 0 keeps its value).")
+                        help="Decode steps between host synchronisations "
+                        "(DecodeOptions.sync_every; 0 keeps its default).")
     parser.add_argument("--repeats", type=int, default=5,
                         help="Timed rollouts of the engine (seeds 1, 2, ...); tokens/s is "
                         "that of the median rollout, every run's figure is listed too.")
@@ -116,6 +120,20 @@ def engine_config(ctx_values: dict[str, Any], max_batch_size: int,
               "cuda_graphs": not args.no_cuda_graphs, "compile": args.compile,
               "fused_kernels": not args.stock_kernels}
     return {**ctx_values, "hf": engine}
+
+
+def decode_options(args: argparse.Namespace) -> Any:
+    """The engine's :class:`~reasonctl.rollout.DecodeOptions`: the fast path with the
+    parts the command line switches off."""
+    from reasonctl.rollout import DecodeOptions
+
+    default = DecodeOptions()
+    return replace(default, fused_mlp=not args.stock_mlp, kernel_chain=not args.no_chain,
+                   programmatic_launches=not args.no_pdl,
+                   tensor_descriptors=not args.no_descriptors,
+                   dedicated_prefill=not args.hf_prefill,
+                   head_sampling=not args.no_head_sampling,
+                   sync_every=args.sync_every or default.sync_every)
 
 
 def sampling(new_tokens: int, *, temperature: float, seed: int) -> Any:
@@ -217,7 +235,7 @@ def rollout_phases(engine: Any, prompts: list[list[int]], new_tokens: int
     detokenising, and the total (the remainder is the decode steps)."""
     import time
 
-    from reasonctl.rollout import fast_decode
+    from reasonctl.rollout.static.run import DecodeRun
 
     spent = {"prefill_ms": 0.0, "collect_ms": 0.0, "detokenise_ms": 0.0}
     originals = {}
@@ -237,8 +255,8 @@ def rollout_phases(engine: Any, prompts: list[list[int]], new_tokens: int
         setattr(owner, name, wrapper)
 
     decoder = engine.static_decoder
-    timed(fast_decode._Run, "_prefill", "prefill_ms")
-    timed(fast_decode._Run, "_collect", "collect_ms")
+    timed(DecodeRun, "_prefill", "prefill_ms")
+    timed(DecodeRun, "_collect", "collect_ms")
     timed(decoder, "decode_many", "detokenise_ms")
     try:
         torch.cuda.synchronize()
@@ -273,9 +291,10 @@ def _time_part(name: str, fn: Any, repeat: int) -> dict[str, float]:
 
 def _chain_uses_descriptors(step: Any) -> bool:
     """True when the kernel chain's matmuls load through tensor descriptors."""
-    if step is None or not step.chain or not torch.cuda.is_available():
+    if step is None or not step.chain or step.descriptors is False \
+            or not torch.cuda.is_available():
         return False
-    from reasonctl.rollout.decode_linear import uses_descriptors
+    from reasonctl.rollout.kernels.decode_linear import uses_descriptors
 
     weight = step.layers[0].down
     x = torch.empty((1, weight.shape[1]), dtype=weight.dtype, device=weight.device)
@@ -286,9 +305,9 @@ def step_breakdown(engine: Any, batch: int, repeat: int = 200) -> dict[str, floa
     """Microseconds per call of the decode step's forward graph and of its sampler at
     ``batch`` rows, each run ``repeat`` times back to back (device time from CUDA events,
     and wall time including the host's launches)."""
-    from reasonctl.rollout.head_sampling import MAX_ROWS as HEAD_SAMPLE_ROWS
-    from reasonctl.rollout.head_sampling import head_sample
-    from reasonctl.rollout.race_sampling import race_sample
+    from reasonctl.rollout.kernels.head_sampling import MAX_ROWS as HEAD_SAMPLE_ROWS
+    from reasonctl.rollout.kernels.head_sampling import head_sample
+    from reasonctl.rollout.kernels.race_sampling import race_sample
     from reasonctl.rollout.sampling import sample_tokens
 
     decoder = engine.static_decoder
@@ -322,18 +341,7 @@ def main() -> None:
         import torch._inductor.config as inductor_config
 
         inductor_config.max_autotune_gemm = True
-    if args.stock_mlp:
-        use_stock_mlp()
-    if args.no_chain:
-        use_library_matmuls()
-    from reasonctl.rollout import decode_forward, decode_linear, fast_decode
-
-    fast_decode.HEAD_SAMPLING = not args.no_head_sampling
-    decode_linear.TENSOR_DESCRIPTORS = not args.no_descriptors
-    decode_forward.PROGRAMMATIC_LAUNCHES = not args.no_pdl
-    decode_forward.DEDICATED_PREFILL = not args.hf_prefill
-    if args.sync_every:
-        fast_decode.SYNC_EVERY = args.sync_every
+    options = decode_options(args)
     out = Path(args.out)
     model_dir = build_model_dir(out / "models", args.size)
     prompts = random_rows(args.prompts, args.prompt_len, seed=2)
@@ -342,7 +350,7 @@ def main() -> None:
         "backend": {"single": {"param_dtype": "compute"}},
         "rollout": engine_config({"engine": "hf"}, args.prompts, args),
     })
-    engine = ctx.build_rollout_engine()
+    engine = build_rollout_engine(ctx, options)
     eos = int(backend.hf_model.config.eos_token_id)
     pad = int(backend.hf_model.config.pad_token_id)
     summary: dict[str, Any] = {"bench": "rollout", "size": args.size, "prompts": args.prompts,
@@ -370,9 +378,9 @@ def main() -> None:
     summary["reasonctl"] = {"decode": engine.last_stats.decode, "compile": args.compile,
                             "fused_attention": bool(getattr(step, "fused_attention", False)),
                             "fused_mlp": bool(getattr(step, "fused_mlp", False))
-                            and not args.stock_mlp,
+                            and options.fused_mlp,
                             "chain": bool(getattr(step, "chain", False))
-                            and not (args.no_chain or args.stock_mlp),
+                            and getattr(step, "chain_rows", 0) > 0,
                             "pdl": bool(getattr(step, "pdl", False)),
                             "descriptors": _chain_uses_descriptors(step),
                             "dedicated_prefill": step is not None and step.prefills,
@@ -425,7 +433,7 @@ def main() -> None:
         "rollout": engine_config({"engine": "hf"}, args.prompts, args),
     })
     summary["greedy_parity"]["float32"] = greedy_parity(
-        ctx.build_rollout_engine(), backend.hf_model, prompts, args, eos=eos, pad=pad)
+        build_rollout_engine(ctx, options), backend.hf_model, prompts, args, eos=eos, pad=pad)
     backend.close()
     emit(summary)
 

@@ -37,7 +37,7 @@ def triton_interpreter(monkeypatch: pytest.MonkeyPatch):
     no other test sees interpreted kernels."""
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from reasonctl.rollout import (
+    from reasonctl.rollout.kernels import (
         decode_attention,
         decode_linear,
         decode_mlp,

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from reasonctl.core.types import SamplingParams
+from reasonctl.rollout import DecodeOptions
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -54,11 +55,11 @@ def _model(kind: str) -> Any:
     return model.cuda()
 
 
-def _engine(model: Any) -> Any:
+def _engine(model: Any, options: DecodeOptions = DecodeOptions()) -> Any:
     from reasonctl.rollout.hf_engine import HFRolloutEngine
 
     return HFRolloutEngine(model, _NoTextTokenizer(), eos_token_ids=[999], pad_token_id=0,
-                           max_batch_size=8)
+                           max_batch_size=8, options=options)
 
 
 PROMPTS = [list(range(5, 5 + n)) for n in (3, 40, 17, 9, 25)]  # ragged, five of eight slots
@@ -80,13 +81,9 @@ def test_greedy_equals_generate_through_the_kernel_chain(kind: str) -> None:
 
 
 @pytest.mark.parametrize("head_sampling", [True, False])
-def test_sampled_logprobs_equal_a_full_forward_pass(head_sampling: bool,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from reasonctl.rollout import fast_decode
-
-    monkeypatch.setattr(fast_decode, "HEAD_SAMPLING", head_sampling)
+def test_sampled_logprobs_equal_a_full_forward_pass(head_sampling: bool) -> None:
     model = _model("qwen3")
-    engine = _engine(model)
+    engine = _engine(model, DecodeOptions(head_sampling=head_sampling))
     # more sequences than slots: refills while others decode
     params = SamplingParams(n=3, temperature=0.8, max_new_tokens=30, seed=5)
     groups = engine.generate([{"input_ids": p} for p in PROMPTS], params)
@@ -105,18 +102,14 @@ def test_sampled_logprobs_equal_a_full_forward_pass(head_sampling: bool,
 
 
 @pytest.mark.parametrize("n", [1, 3])
-def test_prefill_graphs_decode_what_eager_prefills_decode(
-        n: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    from reasonctl.rollout import fast_decode
-
+def test_prefill_graphs_decode_what_eager_prefills_decode(n: int) -> None:
     model = _model("qwen2")
     # n = 3: more sequences than slots (refills of fewer slots), prompts filling several
     # slots; three calls: each shape prefills eagerly, is captured, then replayed
     params = SamplingParams(n=n, temperature=0.8, max_new_tokens=24, seed=11)
     results = {}
     for graphs in (False, True):
-        monkeypatch.setattr(fast_decode, "PREFILL_GRAPHS", graphs)
-        engine = _engine(model)
+        engine = _engine(model, DecodeOptions(prefill_graphs=graphs))
         results[graphs] = [
             [[(c.token_ids, c.logprobs) for c in g]
              for g in engine.generate([{"input_ids": p} for p in PROMPTS], params)]
@@ -128,8 +121,8 @@ def test_prefill_graphs_decode_what_eager_prefills_decode(
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
 def test_chain_equals_library_matmuls_in_bfloat16(kind: str) -> None:
-    from reasonctl.rollout.decode_forward import DecodeForward
-    from reasonctl.rollout.slot_cache import SlotKVCache
+    from reasonctl.rollout.static.decode_forward import DecodeForward
+    from reasonctl.rollout.static.slot_cache import SlotKVCache
 
     model = _model(kind).to(torch.bfloat16)
     step = DecodeForward(model, torch.bfloat16, fused_kernels=True)
@@ -170,7 +163,7 @@ def test_batches_above_the_chain_use_library_matmuls_with_the_same_result() -> N
 
 
 def test_descriptor_loads_equal_per_thread_loads_on_the_gpu() -> None:
-    from reasonctl.rollout.decode_linear import LinearTiles, skinny_linear, uses_descriptors
+    from reasonctl.rollout.kernels.decode_linear import LinearTiles, skinny_linear, uses_descriptors
 
     generator = torch.Generator("cuda").manual_seed(3)
     for rows, columns, depth, tiles in ((64, 1152, 896, LinearTiles(16, 896)),
@@ -190,19 +183,18 @@ def test_descriptor_loads_equal_per_thread_loads_on_the_gpu() -> None:
         torch.testing.assert_close(summed, exact, atol=2e-2, rtol=2e-2)
 
 
-def test_head_sampling_with_the_hardware_logarithm(monkeypatch: pytest.MonkeyPatch) -> None:
-    from reasonctl.rollout import head_sampling
+def test_head_sampling_with_the_hardware_logarithm() -> None:
+    from reasonctl.rollout.kernels import head_sampling
 
     generator = torch.Generator().manual_seed(3)
     hidden = torch.randn(64, 256, generator=generator).bfloat16().cuda()
     weight = (torch.randn(1000, 256, generator=generator) * 0.1).bfloat16().cuda()
     seeds = [torch.tensor([s], device="cuda") for s in range(20)]
     fast = torch.stack([head_sampling.head_sample(hidden, weight, 1.0, s)[0] for s in seeds])
-    monkeypatch.setattr(head_sampling, "FAST_LOGARITHM", False)
-    exact = torch.stack([head_sampling.head_sample(hidden, weight, 1.0, s)[0] for s in seeds])
+    exact = torch.stack([head_sampling.head_sample(hidden, weight, 1.0, s, fast_log=False)[0]
+                         for s in seeds])
     # the noise differs by about 2^-22 relative: only near-ties could be drawn differently
     assert (fast != exact).sum() <= 1
-    monkeypatch.setattr(head_sampling, "FAST_LOGARITHM", True)
     # six likely entries over three tiles: draws follow the softmax
     likely = torch.tensor([0, 63, 64, 100, 128, 129])
     probs = torch.tensor([0.05, 0.4, 0.1, 0.25, 0.15, 0.05])

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reasonctl.rollout import decode_attention as attention_module
-from reasonctl.rollout.decode_attention import (
+from reasonctl.rollout.kernels import decode_attention as attention_module
+from reasonctl.rollout.kernels.decode_attention import (
     decode_attention,
     decode_attention_reference,
 )
@@ -205,8 +205,8 @@ def test_engine_with_the_fused_kernels_gives_transformers_greedy_text(
     from test_decode_forward import _model
 
     from reasonctl.core.types import SamplingParams
-    from reasonctl.rollout import decode_forward
     from reasonctl.rollout.hf_engine import HFRolloutEngine
+    from reasonctl.rollout.static import decode_forward
 
     monkeypatch.setattr(decode_forward, "default_splits", lambda *_: 2)
     model = _model(kind, **({"head_dim": 16} if kind == "qwen2" else {}))

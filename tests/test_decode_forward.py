@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from reasonctl.core.types import SamplingParams
-from reasonctl.rollout.decode_forward import DecodeForward, supports_decode_forward
-from reasonctl.rollout.slot_cache import SlotKVCache
+from reasonctl.rollout import DecodeOptions
+from reasonctl.rollout.static.decode_forward import DecodeForward, supports_decode_forward
+from reasonctl.rollout.static.slot_cache import SlotKVCache
 
 SHAPE = {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 48,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -53,13 +54,10 @@ def test_decode_step_with_fused_kernels_equals_the_full_forward_pass(kind: str) 
 
 
 @pytest.mark.usefixtures("triton_interpreter")
-def test_fused_kernels_without_the_chain_equal_the_full_forward_pass(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fused_kernels_without_the_chain_equal_the_full_forward_pass() -> None:
     pytest.importorskip("triton")
-    from reasonctl.rollout import decode_forward
-
-    monkeypatch.setattr(decode_forward, "CHAIN_ROWS", 0)  # library matmuls, fused kernels
-    _check_decode_step("qwen3", fused=True)
+    # library matmuls, fused attention and gate/up kernels
+    _check_decode_step("qwen3", fused=True, options=DecodeOptions(kernel_chain=False))
 
 
 @pytest.mark.usefixtures("triton_interpreter")
@@ -84,7 +82,7 @@ def test_chain_with_a_split_qkv_matmul_equals_the_full_forward_pass() -> None:
     """The QKV matmul's reduction split in two: attention sums the partial products and
     adds the projection's bias."""
     pytest.importorskip("triton")
-    from reasonctl.rollout.decode_linear import LinearTiles
+    from reasonctl.rollout.kernels.decode_linear import LinearTiles
 
     model = _model("qwen3", hidden_size=256, attention_bias=True)
     _check_decode_step("qwen3", fused=True, model=model, qkv_tiles=LinearTiles(16, 128))
@@ -138,10 +136,11 @@ def test_chain_runs_only_where_every_kernel_does() -> None:
 
 
 def _check_decode_step(kind: str, *, fused: bool, model: Any = None,
-                       qkv_tiles: Any = None) -> None:
+                       qkv_tiles: Any = None, options: DecodeOptions = DecodeOptions()
+                       ) -> None:
     model = _model(kind) if model is None else model
     assert supports_decode_forward(model)
-    step = DecodeForward(model, torch.float32, fused_kernels=fused)
+    step = DecodeForward(model, torch.float32, fused_kernels=fused, options=options)
     if qkv_tiles is not None:
         step.qkv_tiles = qkv_tiles
         assert qkv_tiles.splits(model.config.hidden_size) > 1

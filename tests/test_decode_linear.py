@@ -9,8 +9,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from reasonctl.rollout import decode_linear
-from reasonctl.rollout.decode_linear import (
+from reasonctl.rollout.kernels import decode_linear
+from reasonctl.rollout.kernels.decode_linear import (
     LinearTiles,
     choose_linear_tiles,
     choose_qkv_tiles,
@@ -110,11 +110,9 @@ def test_descriptors_are_chosen_only_where_compiled_kernels_have_them(
     assert uses_descriptors(x, weight)
     assert not uses_descriptors(x.float(), weight.float())  # half precision only
     assert not uses_descriptors(torch.zeros(4, 129, dtype=torch.bfloat16)[:, 1:], weight)
-    monkeypatch.setattr(decode_linear, "TENSOR_DESCRIPTORS", False)
-    assert not uses_descriptors(x, weight)
 
 
-def test_tiles_for_a_qwen25_half_billion_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tiles_for_a_qwen25_half_billion_shape() -> None:
     processors = 132
     unsplit = choose_linear_tiles(1152, 896, processors, may_split=False)
     assert (unsplit.block_n, unsplit.splits(896)) == (16, 1)
@@ -124,8 +122,7 @@ def test_tiles_for_a_qwen25_half_billion_shape(monkeypatch: pytest.MonkeyPatch) 
     assert -(-1152 // 64) * qkv.splits(896) == 72
     assert qkv.preload  # 64 x 256 shares are loaded before the wait
     assert not choose_qkv_tiles(2048, 1536, processors).preload  # 1.5B: 64 x 768 shares
-    monkeypatch.setattr(decode_linear, "PRELOAD_QKV", False)
-    assert not choose_qkv_tiles(1152, 896, processors).preload
+    assert not choose_qkv_tiles(1152, 896, processors, preload=False).preload
     assert choose_qkv_tiles(1152, 896, 1).splits(896) == 1  # one processor: no split
     out = choose_linear_tiles(896, 896, processors, may_split=True)
     assert (out.block_n, out.k_split, out.splits(896)) == (16, 512, 2)

@@ -8,7 +8,12 @@ import torch
 
 pytest.importorskip("triton")
 
-from reasonctl.rollout.decode_mlp import Tiles, choose_tiles, gated_silu, gated_silu_reference
+from reasonctl.rollout.kernels.decode_mlp import (
+    Tiles,
+    choose_tiles,
+    gated_silu,
+    gated_silu_reference,
+)
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 

@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from reasonctl.rollout.decode_norm import (
+from reasonctl.rollout.kernels.decode_norm import (
     add_rms_norm,
     add_rms_norm_reference,
     embed_rms_norm,

@@ -8,8 +8,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from reasonctl.rollout import head_sampling
-from reasonctl.rollout.head_sampling import head_sample
+from reasonctl.rollout.kernels import head_sampling
+from reasonctl.rollout.kernels.head_sampling import head_sample
 
 # masked lanes compute inf - inf before it is discarded; the interpreter says so
 pytestmark = [pytest.mark.usefixtures("triton_interpreter"),

@@ -39,7 +39,7 @@ def compile_all() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from reasonctl.rollout import (
+    from reasonctl.rollout.kernels import (
         decode_attention,
         decode_linear,
         decode_mlp,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reasonctl.rollout.prefill_kernels import rotate, silu_and_mul
+from reasonctl.rollout.kernels.prefill_kernels import rotate, silu_and_mul
 
 pytest.importorskip("triton")
 

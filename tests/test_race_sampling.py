@@ -10,8 +10,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from reasonctl.rollout import race_sampling
-from reasonctl.rollout.race_sampling import race_sample
+from reasonctl.rollout.kernels import race_sampling
+from reasonctl.rollout.kernels.race_sampling import race_sample
 
 # masked lanes compute inf - inf before it is discarded; the interpreter says so
 pytestmark = [pytest.mark.usefixtures("triton_interpreter"),
@@ -77,9 +77,9 @@ def test_engine_samples_with_it_and_logprobs_match_a_full_forward_pass(
     from test_decode_forward import _model
 
     from reasonctl.core.types import SamplingParams
-    from reasonctl.rollout import fast_decode
-    from reasonctl.rollout.head_sampling import head_sample
-    from reasonctl.rollout.hf_engine import HFRolloutEngine
+    from reasonctl.rollout import DecodeOptions, HFRolloutEngine
+    from reasonctl.rollout.kernels.head_sampling import head_sample
+    from reasonctl.rollout.static import run
 
     calls: list[str] = []
 
@@ -91,13 +91,13 @@ def test_engine_samples_with_it_and_logprobs_match_a_full_forward_pass(
 
     # with head sampling the output head runs inside the sampler, else logits are written
     # and sampled by the two-kernel race
-    monkeypatch.setattr(fast_decode, "HEAD_SAMPLING", head_sampling)
-    monkeypatch.setattr(fast_decode, "race_sample", counted("race", race_sample))
-    monkeypatch.setattr(fast_decode, "head_sample", counted("head", head_sample))
+    monkeypatch.setattr(run, "race_sample", counted("race", race_sample))
+    monkeypatch.setattr(run, "head_sample", counted("head", head_sample))
 
     model = _model("qwen2", head_dim=16)
     tokenizer = type("Tok", (), {"pad_token_id": 0, "decode": lambda self, ids, **_: ""})()
-    engine = HFRolloutEngine(model, tokenizer, eos_token_ids=[1], fused_kernels=True)
+    engine = HFRolloutEngine(model, tokenizer, eos_token_ids=[1], fused_kernels=True,
+                             options=DecodeOptions(head_sampling=head_sampling))
     prompts = [{"input_ids": list(range(5, 5 + n))} for n in (3, 6)]
     params = SamplingParams(n=2, temperature=0.8, max_new_tokens=10, seed=4)
     groups = engine.generate(prompts, params)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +13,9 @@ import torch
 from rollout_fixtures import chat_prompts, model, model_dir, tokenizer  # noqa: F401 (fixtures)
 
 from reasonctl.core.types import SamplingParams
-from reasonctl.rollout.buckets import pick_bucket
+from reasonctl.rollout import DecodeOptions
 from reasonctl.rollout.hf_engine import HFRolloutEngine
+from reasonctl.rollout.static.buckets import pick_bucket
 
 QUESTIONS = ["hi", "what is 2+2? answer please", "tell me a story about a dragon and a knight",
              "why is the sky blue?"]
@@ -112,7 +116,7 @@ def test_continuous_batching_gives_the_outputs_of_one_big_batch(
 def test_live_rows_move_to_a_smaller_bucket(model: Any, tokenizer: Any,
                                             prompts: list[list[int]],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from reasonctl.rollout.slot_cache import SlotKVCache
+    from reasonctl.rollout.static.slot_cache import SlotKVCache
 
     params = SamplingParams(temperature=0.0, max_new_tokens=40)
     reference = HFRolloutEngine(model, tokenizer, decode="dynamic")
@@ -193,6 +197,29 @@ def test_buckets_pick_the_smallest_that_fits() -> None:
     assert pick_bucket(1, 1, sizes) == 1
 
 
+def test_decode_options_are_frozen_checked_and_set_the_window(
+        model: Any, tokenizer: Any, prompts: list[list[int]]) -> None:
+    with pytest.raises(ValueError, match="sync_every must be at least 1.*prefill_graph_limit"):
+        DecodeOptions(sync_every=0, prefill_graph_limit=-1)
+    options = DecodeOptions()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.sync_every = 4  # type: ignore[misc]
+    params = SamplingParams(temperature=0.0, max_new_tokens=10)
+    short = HFRolloutEngine(model, tokenizer,
+                            options=dataclasses.replace(options, sync_every=4))
+    got = short.generate(_inputs(prompts), params)
+    assert short.static_decoder is not None and short.static_decoder.buffers is not None
+    assert short.static_decoder.buffers.window_tokens.shape[-1] == 4
+    assert _ids(got) == _ids(HFRolloutEngine(model, tokenizer).generate(_inputs(prompts),
+                                                                        params))
+
+
+def test_the_package_imports_without_torch() -> None:
+    code = ("import sys, reasonctl.rollout as r; r.DecodeOptions(); "
+            "import reasonctl.rollout.static.buckets; assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
 def test_no_prompts_give_no_completions(model: Any, tokenizer: Any) -> None:
     assert HFRolloutEngine(model, tokenizer).generate([], SamplingParams()) == []
 
@@ -200,10 +227,10 @@ def test_no_prompts_give_no_completions(model: Any, tokenizer: Any) -> None:
 def test_next_window_is_queued_before_the_current_one_is_handed_over(
         model: Any, tokenizer: Any, prompts: list[list[int]],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from reasonctl.rollout import fast_decode
+    from reasonctl.rollout.static.run import DecodeRun
 
     events: list[str] = []
-    launch, collect = fast_decode._Run._launch, fast_decode._Run._collect
+    launch, collect = DecodeRun._launch, DecodeRun._collect
 
     def recording_launch(self: Any, plan: Any) -> Any:
         window = launch(self, plan)
@@ -215,8 +242,8 @@ def test_next_window_is_queued_before_the_current_one_is_handed_over(
         events.append("collect")
         return collect(self, window)
 
-    monkeypatch.setattr(fast_decode._Run, "_launch", recording_launch)
-    monkeypatch.setattr(fast_decode._Run, "_collect", recording_collect)
+    monkeypatch.setattr(DecodeRun, "_launch", recording_launch)
+    monkeypatch.setattr(DecodeRun, "_collect", recording_collect)
     params = SamplingParams(temperature=0.0, max_new_tokens=40)
     reference = HFRolloutEngine(model, tokenizer, decode="dynamic")
     eos = reference.generate(_inputs(prompts[:1]), params)[0][0].token_ids[20]
@@ -252,16 +279,14 @@ class _Rerun:
 def test_prefills_of_repeated_shapes_read_their_static_inputs(
         model: Any, tokenizer: Any, prompts: list[list[int]], limit: int,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from reasonctl.rollout import fast_decode
-
     # three slots for six sequences: a prefill of three distinct prompts (each fills one
     # slot), then refills of fewer slots; n = 2 adds prompts that fill two slots
     params = [SamplingParams(n=n, temperature=0.7, max_new_tokens=12, seed=3)
               for n in (1, 2)]
     eager = HFRolloutEngine(model, tokenizer, max_batch_size=3)
     expected = [eager.generate(_inputs(prompts), p) for p in params]
-    monkeypatch.setattr(fast_decode, "PREFILL_GRAPH_LIMIT", limit)
-    engine = HFRolloutEngine(model, tokenizer, max_batch_size=3)
+    engine = HFRolloutEngine(model, tokenizer, max_batch_size=3,
+                             options=DecodeOptions(prefill_graph_limit=limit))
     decoder = engine.static_decoder
     engine.generate(_inputs(prompts), params[0])  # allocates the cache
     rerun = _Rerun(decoder._prefill_from_inputs)

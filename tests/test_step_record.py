@@ -8,8 +8,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from reasonctl.rollout.fast_decode import record_step
-from reasonctl.rollout.step_record import record_tokens
+from reasonctl.rollout.kernels.step_record import record_tokens
+from reasonctl.rollout.static.buffers import record_step
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 

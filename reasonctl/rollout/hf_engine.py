@@ -1,29 +1,23 @@
 """The embedded rollout engine: our own batched decode loop on a Hugging Face causal LM.
 
-Text prompts on supported models go through the static-cache path with continuous
-batching and CUDA graphs (:mod:`reasonctl.rollout.fast_decode`). The dynamic path below
-serves vision prompts, other models, ``decode="dynamic"`` and :meth:`HFRolloutEngine.stream`.
-How a call runs on the dynamic path:
-
-1. Prompts are split into chunks of at most ``max_batch_size`` sequences (prompts x n).
-2. Each chunk's distinct prompts are left-padded and prefilled once, with an attention
-   mask and explicit position ids (vision inputs go only into this step; for Qwen2-VL
-   style models the model computes its multimodal positions itself).
-3. The KV cache, the last logits and the per-row position offsets are repeated ``n``
-   times, then tokens are sampled on the device one step at a time
-   (:mod:`reasonctl.rollout.sampling`), recording each sampled token's log-prob.
-4. A row finishes on an end-of-sequence token (kept, finish reason ``stop``), on a stop
-   string (:mod:`reasonctl.rollout.stopping`) or after ``max_new_tokens`` (``length``).
-   Finished rows are dropped from the cache as they accumulate, so the batch shrinks.
+:class:`HFRolloutEngine` is the facade of :mod:`reasonctl.rollout`: it picks, per call,
+the decode path and runs it in the inference context (no grad, eval mode, the caller's
+autocast). Text prompts on supported models take the static path
+(:class:`~reasonctl.rollout.static.decoder.StaticDecoder`: a static slot cache,
+continuous batching, CUDA graphs, the Triton kernels of :mod:`reasonctl.rollout.kernels`);
+vision prompts, other models, ``decode="dynamic"`` and :meth:`HFRolloutEngine.stream`
+take the dynamic path (:class:`~reasonctl.rollout.dynamic.DynamicDecoder`, a per-token
+loop over ``transformers``' dynamic cache). Both sample, record log-probs and cut stop
+strings alike.
 
 The engine either shares the policy module (colocated on one device: same parameters,
 switched to eval mode while generating) or owns an unsharded copy that
-:meth:`update_weights` refreshes in place from the trainer's full state dict.
+:meth:`~HFRolloutEngine.update_weights` refreshes in place from the trainer's full state
+dict.
 """
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -33,19 +27,11 @@ from typing import Any, Literal
 import torch
 
 from reasonctl.core.types import Completion, SamplingParams
-from reasonctl.rollout.buckets import DEFAULT_GRAPH_BATCH_SIZES
-from reasonctl.rollout.fast_decode import GeneratingRow, StaticDecoder, supports_static_decode
-from reasonctl.rollout.sampling import sample_tokens
-from reasonctl.rollout.stopping import StopMatcher
-
-TOKEN_TYPES_KEY = "mm_token_type_ids"
-VISION_KEYS = (
-    "pixel_values",
-    "image_grid_thw",
-    "pixel_values_videos",
-    "video_grid_thw",
-    "second_per_grid_ts",
-)
+from reasonctl.rollout.dynamic import DynamicDecoder, has_vision_inputs
+from reasonctl.rollout.options import DecodeOptions
+from reasonctl.rollout.rows import GeneratingRow
+from reasonctl.rollout.static.buckets import DEFAULT_GRAPH_BATCH_SIZES
+from reasonctl.rollout.static.decoder import StaticDecoder, supports_static_decode
 
 
 @dataclass
@@ -75,6 +61,11 @@ class HFRolloutEngine:
     zero-argument callable returning the context the forward passes run in (the trainer's
     mixed-precision context when the policy module is shared). ``shares_policy_weights``
     tells the algorithm that the model *is* the policy, so no weight sync is needed.
+    ``decode`` picks the static path where it applies (``"static"``) or always the dynamic
+    one; ``cuda_graphs``, ``graph_batch_sizes``, ``compile_decode`` and ``fused_kernels``
+    configure the static path (the ``[rollout.hf]`` keys of the same names), ``options``
+    holds its switches for measurements (:class:`~reasonctl.rollout.options.DecodeOptions`,
+    by default the fast path).
     """
 
     def __init__(
@@ -92,6 +83,7 @@ class HFRolloutEngine:
         graph_batch_sizes: Sequence[int] = DEFAULT_GRAPH_BATCH_SIZES,
         compile_decode: bool = False,
         fused_kernels: bool = True,
+        options: DecodeOptions = DecodeOptions(),
     ) -> None:
         if max_batch_size <= 0:
             raise ValueError(f"max_batch_size must be positive (got {max_batch_size})")
@@ -111,10 +103,10 @@ class HFRolloutEngine:
         self.autocast = autocast or nullcontext
         self.shares_policy_weights = shares_policy_weights
         self.last_stats = RolloutStats()
-        forward = inspect.signature(type(model).forward).parameters
-        self._cache_kwarg = "cache" if "cache" in forward else "past_key_values"
-        self._accepts_logits_to_keep = "logits_to_keep" in forward
-        self._accepts_mm_token_types = "mm_token_type_ids" in forward
+        self.dynamic_decoder = DynamicDecoder(
+            model, pad_token_id=self.pad_token_id, eos_token_ids=self.eos_token_ids,
+            decode=self._decode, decode_many=self._decode_many)
+        """The per-token loop: vision prompts, other models and streaming."""
         self.static_decoder: StaticDecoder | None = None
         """The static-cache decoder, or None where only the dynamic path applies."""
         if decode == "static" and supports_static_decode(model):
@@ -124,6 +116,7 @@ class HFRolloutEngine:
                 max_batch_size=max_batch_size,
                 graph_batch_sizes=graph_batch_sizes, cuda_graphs=cuda_graphs,
                 compile_decode=compile_decode, fused_kernels=fused_kernels,
+                options=options,
             )
 
     @property
@@ -145,19 +138,15 @@ class HFRolloutEngine:
         _check_params(params)
         started = time.perf_counter()
         generator = self._generator(params.seed)
-        per_chunk = max(1, self.max_batch_size // params.n)
-        results: list[list[Completion]] = []
-        static = self.static_decoder is not None and not any(
-            p.get(k) is not None for p in prompts for k in VISION_KEYS)
+        static = self.static_decoder is not None and not has_vision_inputs(prompts)
         with self._inference():
             if static:
                 assert self.static_decoder is not None
-                results = self.static_decoder.generate([p["input_ids"] for p in prompts], params,
-                                                generator)
+                results = self.static_decoder.generate([p["input_ids"] for p in prompts],
+                                                       params, generator)
             else:
-                for start in range(0, len(prompts), per_chunk):
-                    chunk = prompts[start : start + per_chunk]
-                    results.extend(self._generate_chunk(chunk, params, generator))
+                results = self.dynamic_decoder.generate(prompts, params, generator,
+                                                        max_batch_size=self.max_batch_size)
         if not static:
             path = "dynamic"
         else:
@@ -230,7 +219,8 @@ class HFRolloutEngine:
                 emitted = text
 
         with self._inference():
-            for _ in self._decode_loop([prompt], params, generator, on_step=on_step):
+            for _ in self.dynamic_decoder.decode_loop([prompt], params, generator,
+                                                      on_step=on_step):
                 while pieces:
                     yield pieces.pop(0)
         while pieces:
@@ -268,144 +258,6 @@ class HFRolloutEngine:
             return [self._decode(ids) for ids in rows]
         return backend.decode_batch([list(ids) for ids in rows], skip_special_tokens=True)
 
-    def _generate_chunk(
-        self, prompts: Sequence[dict[str, Any]], params: SamplingParams,
-        generator: torch.Generator,
-    ) -> list[list[Completion]]:
-        rows: list[GeneratingRow] = []
-        for rows in self._decode_loop(prompts, params, generator):  # noqa: B007 (last wins)
-            pass
-        groups: list[list[Completion]] = [[] for _ in prompts]
-        texts = self._decode_many([row.ids for row in rows if row.text is None])[::-1]
-        for row in rows:
-            text = row.text if row.text is not None else texts.pop()
-            finish = "length" if row.finish == "length" else "stop"
-            groups[row.prompt_index].append(Completion(text, row.ids, row.logprobs, finish))
-        return groups
-
-    def _decode_loop(
-        self,
-        prompts: Sequence[dict[str, Any]],
-        params: SamplingParams,
-        generator: torch.Generator,
-        on_step: Callable[[list[GeneratingRow]], None] | None = None,
-    ) -> Iterator[list[GeneratingRow]]:
-        """Run prefill and decode steps, yielding the rows after every step."""
-        device = self.device
-        n = params.n
-        rows = [GeneratingRow(prompt_index=i) for i in range(len(prompts)) for _ in range(n)]
-        stops = StopMatcher(params.stop, self._decode)
-        cache = _new_cache()
-        logits, attention, next_pos = self._prefill(prompts, cache)
-        if n > 1:
-            repeat = torch.arange(len(prompts), device=device).repeat_interleave(n)
-            cache.batch_select_indices(repeat)
-            logits, attention, next_pos = logits[repeat], attention[repeat], next_pos[repeat]
-        active = list(range(len(rows)))  # row index of each batch position
-        eos = torch.tensor(sorted(self.eos_token_ids), device=device)
-        for step in range(params.max_new_tokens):
-            tokens, logprobs = sample_tokens(
-                logits, temperature=params.temperature, top_k=params.top_k,
-                top_p=params.top_p, generator=generator,
-            )
-            # one device-to-host copy per step (float64 holds token ids and float32 exactly)
-            host = torch.stack([tokens.double(), logprobs.double(),
-                                torch.isin(tokens, eos).double()]).tolist()
-            token_list = [int(t) for t in host[0]]
-            logprob_list, is_eos = host[1], host[2]
-            last_step = step == params.max_new_tokens - 1
-            for position, index in enumerate(active):
-                row = rows[index]
-                if row.finish is not None:
-                    continue
-                row.ids.append(token_list[position])
-                row.logprobs.append(logprob_list[position])
-                if is_eos[position]:
-                    row.finish = "stop"
-                elif stops and stops.hit(row.ids):
-                    keep, row.text = stops.cut(row.ids)
-                    del row.ids[keep:], row.logprobs[keep:]
-                    row.finish = "stop"
-                elif last_step:
-                    row.finish = "length"
-            if on_step is not None:
-                on_step(rows)
-            yield rows
-            done = [p for p, i in enumerate(active) if rows[i].finish is not None]
-            if len(done) == len(active):
-                return
-            if len(done) * 4 >= len(active) or step % 32 == 31:
-                keep_positions = [p for p, i in enumerate(active) if rows[i].finish is None]
-                if len(keep_positions) < len(active):
-                    keep = torch.tensor(keep_positions, device=device)
-                    cache.batch_select_indices(keep)
-                    attention, next_pos, tokens = attention[keep], next_pos[keep], tokens[keep]
-                    active = [active[p] for p in keep_positions]
-            attention = torch.cat([attention, attention.new_ones(len(active), 1)], dim=1)
-            logits = self._forward(
-                tokens.view(-1, 1), attention, next_pos.view(-1, 1), cache
-            )
-            next_pos = next_pos + 1
-
-    def _prefill(
-        self, prompts: Sequence[dict[str, Any]], cache: Any
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Run the prompts left-padded; return last logits, attention mask, next positions.
-
-        Text prompts are prefilled together with explicit position ids. Prompts with vision
-        inputs are prefilled one at a time, unpadded, so the model derives its multimodal
-        (3-D rope) positions itself; their caches are then left-padded into one batch and
-        each row continues at its last position + 1.
-        """
-        device = self.device
-        lengths = [len(p["input_ids"]) for p in prompts]
-        if min(lengths) == 0:
-            raise ValueError("every prompt needs at least one input id")
-        width = max(lengths)
-        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - lengths[row] :] = torch.as_tensor(prompt["input_ids"])
-            attention[row, width - lengths[row] :] = 1
-        ids, attention = ids.to(device), attention.to(device)
-        if not any(p.get(k) is not None for p in prompts for k in VISION_KEYS):
-            positions = (attention.cumsum(-1) - 1).clamp(min=0)
-            logits = self._forward(ids, attention, positions, cache)
-            return logits, attention, attention.sum(-1)
-        all_logits, next_pos, caches = [], [], []
-        for row, prompt in enumerate(prompts):
-            single = _new_cache() if row else cache
-            row_ids = ids[row : row + 1, width - lengths[row] :]
-            vision = _vision_inputs(prompt, device)
-            if vision and self._accepts_mm_token_types and TOKEN_TYPES_KEY not in vision:
-                vision[TOKEN_TYPES_KEY] = _mm_token_types(self.model.config, row_ids)
-            elif not self._accepts_mm_token_types:
-                vision.pop(TOKEN_TYPES_KEY, None)
-            holder = _reset_rope_deltas(self.model)
-            all_logits.append(
-                self._forward(row_ids, torch.ones_like(row_ids), None, single, **vision)
-            )
-            delta = getattr(holder, "rope_deltas", None) if holder is not None else None
-            next_pos.append(lengths[row] + (int(delta.view(-1)[0]) if delta is not None else 0))
-            caches.append(single)
-        _merge_left_padded(caches, lengths, width)
-        return torch.cat(all_logits), attention, torch.tensor(next_pos, device=device)
-
-    def _forward(
-        self, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor | None,
-        cache: Any, **extra: Any,
-    ) -> torch.Tensor:
-        kwargs: dict[str, Any] = {
-            "input_ids": ids, "attention_mask": attention, "use_cache": True,
-            self._cache_kwarg: cache, **extra,
-        }
-        if positions is not None:
-            kwargs["position_ids"] = positions
-        if self._accepts_logits_to_keep:
-            kwargs["logits_to_keep"] = 1
-        out = self.model(**kwargs)
-        return out.logits[:, -1, :]
-
 
 def default_eos_ids(model: Any, tokenizer: Any) -> set[int]:
     """End-of-sequence ids from the model's generation config, config and tokenizer."""
@@ -431,53 +283,3 @@ def _check_params(params: SamplingParams) -> None:
         raise ValueError(f"SamplingParams.temperature must be >= 0 (got {params.temperature})")
     if not 0 < params.top_p <= 1:
         raise ValueError(f"SamplingParams.top_p must be in (0, 1] (got {params.top_p})")
-
-
-def _new_cache() -> Any:
-    from transformers import DynamicCache
-
-    return DynamicCache()
-
-
-def _vision_inputs(prompt: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    out = {key: torch.as_tensor(prompt[key]).to(device)
-           for key in VISION_KEYS if prompt.get(key) is not None}
-    types = prompt.get(TOKEN_TYPES_KEY)
-    if out and types is not None:  # per token, like input_ids: one row for one prompt
-        out[TOKEN_TYPES_KEY] = torch.as_tensor(types).to(device).view(1, -1)
-    return out
-
-
-def _merge_left_padded(caches: Sequence[Any], lengths: Sequence[int], width: int) -> None:
-    """Left-pad single-row caches to ``width`` and stack them into ``caches[0]``."""
-    if len(caches) == 1:
-        return
-    first = caches[0]
-    for index, layer in enumerate(first.layers):
-        for attr in ("keys", "values"):
-            parts = [
-                torch.nn.functional.pad(getattr(c.layers[index], attr), (0, 0, width - n, 0))
-                for c, n in zip(caches, lengths, strict=True)
-            ]
-            setattr(layer, attr, torch.cat(parts, dim=0))
-
-
-def _mm_token_types(config: Any, ids: torch.Tensor) -> torch.Tensor:
-    """0 for text, 1 for image and 2 for video placeholder tokens (Qwen2-VL style)."""
-    types = torch.zeros_like(ids, dtype=torch.int)
-    image = getattr(config, "image_token_id", None)
-    video = getattr(config, "video_token_id", None)
-    if image is not None:
-        types[ids == image] = 1
-    if video is not None:
-        types[ids == video] = 2
-    return types
-
-
-def _reset_rope_deltas(model: Any) -> Any:
-    """The submodule caching multimodal rope offsets (``rope_deltas``), cleared; or None."""
-    for module in model.modules():
-        if hasattr(module, "rope_deltas"):
-            module.rope_deltas = None
-            return module
-    return None

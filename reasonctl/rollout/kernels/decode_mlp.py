@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from reasonctl.rollout.triton_support import interpreting, next_power_of_two
+from reasonctl.rollout.kernels.triton_support import interpreting, next_power_of_two
 
 MAX_ROWS = 128
 """The most rows :func:`gated_silu` takes: every program holds all rows' accumulators."""
@@ -72,7 +72,7 @@ def gated_silu(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles, *,
     ``[2F, K]``, the gate's rows above the up projection's. Each product is rounded to the
     dtype before the activation, as when the projections run as separate matmuls. With
     ``pdl`` the kernel is a programmatic dependent launch (see
-    :mod:`reasonctl.rollout.decode_linear`)."""
+    :mod:`reasonctl.rollout.kernels.decode_linear`)."""
     return torch.ops.reasonctl.gated_silu(x, gate_up, tiles.block_n, tiles.block_k,
                                           tiles.num_warps, tiles.num_stages, pdl)
 

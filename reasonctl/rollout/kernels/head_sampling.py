@@ -16,11 +16,11 @@ output embedding tile by tile and samples inside the same kernel:
    base-2 logarithm (relative error about 2^-22) rather than the exact library
    function: at 64 rows of a 152k vocabulary on an H100 the kernel took 112 µs in
    place of 133 µs with entries first and exact logarithms, drawing the same tokens.
-2. :func:`~reasonctl.rollout.race_sampling.pick_from_partials` (the second kernel of
+2. :func:`~reasonctl.rollout.kernels.race_sampling.pick_from_partials` (the second kernel of
    the two-kernel sampler): one program per row picks the best tile (the lowest index
    among equal scores) and the token's log-probability under ``softmax(logits / T)``.
 
-The draw is that of :func:`reasonctl.rollout.race_sampling.race_sample` (the argmax of
+The draw is that of :func:`reasonctl.rollout.kernels.race_sampling.race_sample` (the argmax of
 ``logits / T`` plus Gumbel noise) with its own counter layout, so a seed repeats a draw
 exactly. Triton is imported by :func:`_kernels` on first use.
 """
@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from reasonctl.rollout.race_sampling import pick_from_partials
-from reasonctl.rollout.triton_support import interpreting, next_power_of_two
+from reasonctl.rollout.kernels.race_sampling import pick_from_partials
+from reasonctl.rollout.kernels.triton_support import interpreting, next_power_of_two
 
 # small tiles and reduction steps leave room for three programs per multiprocessor, whose
 # loads then overlap each other's sampling (fastest measured at 64 x 896 x 152k on an H100)
@@ -41,16 +41,12 @@ TILE = 64  # vocabulary entries per program (four quarters of 16)
 BLOCK_K = 64  # hidden elements per step of a program's loop
 NUM_WARPS = 4
 NUM_STAGES = 4
-FAST_LOGARITHM = True
-"""On the GPU the Gumbel noise uses the hardware's approximate logarithm (False: the
-library's exact one, e.g. to compare draws)."""
 MAX_ROWS = 64
 """The most rows :func:`head_sample` takes: every program holds all rows' logits."""
 
 
-
 def head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: float,
-                seed: torch.Tensor, *, pdl: bool = False
+                seed: torch.Tensor, *, pdl: bool = False, fast_log: bool = True
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token sampled from ``softmax(hidden @ weight.T / temperature)`` per row.
 
@@ -58,7 +54,9 @@ def head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: float,
     ``[V, H]`` of the same dtype; ``seed`` a one-element integer tensor on their device.
     Returns ``(tokens, logprobs)``: ``[B]`` int64 and ``[B]`` float32. With ``pdl``
     both kernels are programmatic dependent launches (see
-    :mod:`reasonctl.rollout.decode_linear`).
+    :mod:`reasonctl.rollout.kernels.decode_linear`). ``fast_log`` lets compiled kernels
+    use the GPU's approximate logarithm for the noise (False: the library's exact one,
+    e.g. to compare draws; the interpreter always uses that).
     """
     problems = []
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
@@ -90,7 +88,7 @@ def head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: float,
                       tiles, 1.0 / temperature, BLOCK_M=max(16, next_power_of_two(rows)),
                       QUARTER=TILE // 4, BLOCK_K=BLOCK_K,
                       UPCAST=hidden.dtype == torch.float32 or interpreting(),
-                      FAST_LOG=FAST_LOGARITHM and not interpreting(), PDL=pdl,
+                      FAST_LOG=fast_log and not interpreting(), PDL=pdl,
                       num_warps=NUM_WARPS, num_stages=NUM_STAGES, **launch)
     return pick_from_partials(stats, pdl=pdl)
 

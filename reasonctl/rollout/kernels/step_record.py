@@ -5,8 +5,9 @@ into the window the host will read, marks rows that produced an end token or rea
 their length, counts generated tokens, feeds the token to the next forward pass and moves
 each row's position on. As stock operations that is about a dozen small kernels per step;
 :func:`record_tokens` does it in one, and can also advance the sampler's seed so that no
-separate random draw is needed per step. :func:`reasonctl.rollout.fast_decode.record_step`
-is the same bookkeeping in stock operations.
+separate random draw is needed per step.
+:func:`reasonctl.rollout.static.buffers.record_step` is the same bookkeeping in stock
+operations.
 
 Triton is imported by :func:`_kernels` on first use, so importing this module does not.
 """
@@ -29,13 +30,13 @@ def record_tokens(tokens: torch.Tensor, logprobs: torch.Tensor, done: torch.Tens
                   max_new_tokens: int, max_position: int,
                   seed: torch.Tensor | None = None, *, pdl: bool = False) -> None:
     """Book one sampled token per row in place, as
-    :func:`~reasonctl.rollout.fast_decode.record_step` does: ``window_*`` (``[B]`` views
+    :func:`~reasonctl.rollout.static.buffers.record_step` does: ``window_*`` (``[B]`` views
     of one window column, any stride) get the token, its log-prob and whether the row was
     live; ``generated`` counts live rows' tokens; ``done`` is set by an ``eos`` token or
     ``max_new_tokens``; ``input_ids`` takes the token; ``positions`` moves on by one (at
     most ``max_position``). A one-element ``seed`` tensor is advanced by one. With
     ``pdl`` the kernel is a programmatic dependent launch (see
-    :mod:`reasonctl.rollout.decode_linear`)."""
+    :mod:`reasonctl.rollout.kernels.decode_linear`)."""
     rows = tokens.shape[0]
     problems = []
     for name, tensor in (("logprobs", logprobs), ("done", done), ("generated", generated),

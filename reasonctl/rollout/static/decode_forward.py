@@ -5,35 +5,41 @@ types); one decode step of it at batch 64 launches several hundred small kernels
 with a mask, expands the grouped key/value heads into full copies of the cache every
 layer. :class:`DecodeForward` computes the same function for the one case the rollout
 engine repeats hundreds of times: one new token per slot of a
-:class:`~reasonctl.rollout.slot_cache.SlotKVCache`.
+:class:`~reasonctl.rollout.static.slot_cache.SlotKVCache`.
 
 - Query, key and value projections are one matmul over a concatenated weight, and so are
   the gate and up projections (four matmuls per layer instead of seven).
 - Attention groups the query heads that share a key/value head into one query block
   (``[B, kv_heads, group, head_dim]``), so the cache is read in place, never repeated.
-- Matmul weights are held in the compute dtype: concatenated weights always as copies,
-  others as the model's own parameters when they already have that dtype (else copies).
-  :meth:`DecodeForward.refresh` re-copies them in place (storage never moves, so captured
-  CUDA graphs stay valid); the engine calls it before every rollout, since the policy's
-  weights change between rollouts.
+- Matmul weights are held in the compute dtype
+  (:mod:`~reasonctl.rollout.static.decode_weights`): concatenated weights always as
+  copies, others as the model's own parameters when they already have that dtype (else
+  copies). :meth:`DecodeForward.refresh` re-copies them in place (storage never moves, so
+  captured CUDA graphs stay valid); the engine calls it before every rollout, since the
+  policy's weights change between rollouts.
 - Norms, the activation and the embedding are the model's own modules and parameters;
-  rotary angles use the model's ``inv_freq`` and attention scaling.
+  rotary angles use the model's ``inv_freq`` and attention scaling
+  (:mod:`~reasonctl.rollout.static.rotary`).
 - With ``fused_kernels`` (at most :data:`FUSED_MLP_ROWS` rows), the gate/up projection
-  and the SiLU activation run as one kernel (:mod:`reasonctl.rollout.decode_mlp`).
+  and the SiLU activation run as one kernel
+  (:mod:`reasonctl.rollout.kernels.decode_mlp`).
 - With ``fused_kernels`` where every fused kernel runs (at most :data:`CHAIN_ROWS` rows),
   the whole step is a chain of this project's kernels: residual add and RMSNorm
-  (:mod:`~reasonctl.rollout.decode_norm`; the first also looks up the embedding rows of
-  a plain ``nn.Embedding``), the skinny matmuls (:mod:`~reasonctl.rollout.decode_linear`),
-  attention and the gated MLP. On GPUs that have it (compute capability 9.0 and newer)
-  each is a programmatic dependent launch, so a kernel starts while the previous one
-  finishes. Only the rotary table and the output head remain library operations; there
-  is nothing left to compile.
+  (:mod:`~reasonctl.rollout.kernels.decode_norm`; the first also looks up the embedding
+  rows of a plain ``nn.Embedding``), the skinny matmuls
+  (:mod:`~reasonctl.rollout.kernels.decode_linear`), attention and the gated MLP. On
+  GPUs that have it (compute capability 9.0 and newer) each is a programmatic dependent
+  launch, so a kernel starts while the previous one finishes. Only the rotary table and
+  the output head remain library operations; there is nothing left to compile.
+- :class:`~reasonctl.rollout.options.DecodeOptions` switches parts off for measurements:
+  the chain (``kernel_chain``), the fused gate/up kernel (``fused_mlp``), programmatic
+  launches, tensor-descriptor loads, the QKV weights' preload and the dedicated prefill.
 - Where the chain runs, :meth:`DecodeForward.prefill_hidden` also runs the prompts'
   prefill with the same weights: one matmul each for QKV and gate/up, the chain's
   residual add + RMSNorm kernel, one kernel each for the rotary embedding and the
-  activation (:mod:`~reasonctl.rollout.prefill_kernels`), the library's attention with
-  the prompts' mask, and the keys and values stored through the cache's own prefill
-  store.
+  activation (:mod:`~reasonctl.rollout.kernels.prefill_kernels`), the library's attention
+  with the prompts' mask, and the keys and values stored through the cache's own
+  prefill store.
 
 Supported: model types in :data:`SUPPORTED_MODEL_TYPES` with full attention, a static
 rotary frequency table (not the ``dynamic``/``longrope`` types) and no MLP bias; other
@@ -42,29 +48,34 @@ models decode through the Hugging Face forward pass.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from reasonctl.rollout.decode_attention import (
+from reasonctl.rollout.kernels.decode_attention import (
     decode_attention,
     default_splits,
-    processor_count,
     supports_fused_attention,
 )
-from reasonctl.rollout.decode_linear import MAX_ROWS as LINEAR_MAX_ROWS
-from reasonctl.rollout.decode_linear import (
+from reasonctl.rollout.kernels.decode_linear import MAX_ROWS as LINEAR_MAX_ROWS
+from reasonctl.rollout.kernels.decode_linear import (
     choose_linear_tiles,
     choose_qkv_tiles,
     skinny_linear,
 )
-from reasonctl.rollout.decode_mlp import choose_tiles, gated_silu
-from reasonctl.rollout.decode_norm import MAX_HIDDEN, add_rms_norm, embed_rms_norm
-from reasonctl.rollout.prefill_kernels import rotate, silu_and_mul
-from reasonctl.rollout.slot_cache import SlotKVCache
-from reasonctl.rollout.triton_support import kernels_run_on, supports_pdl
+from reasonctl.rollout.kernels.decode_mlp import choose_tiles, gated_silu
+from reasonctl.rollout.kernels.decode_norm import MAX_HIDDEN, add_rms_norm, embed_rms_norm
+from reasonctl.rollout.kernels.prefill_kernels import rotate, silu_and_mul
+from reasonctl.rollout.kernels.triton_support import (
+    kernels_run_on,
+    processor_count,
+    supports_pdl,
+)
+from reasonctl.rollout.options import DecodeOptions
+from reasonctl.rollout.static.decode_weights import DecodeWeights, LayerWeights
+from reasonctl.rollout.static.rotary import RotaryTables, rotate_half
+from reasonctl.rollout.static.slot_cache import SlotKVCache
 
 FUSED_MLP_ROWS = 64
 """Batches up to this many rows use the fused gate/up kernel (its tiles were chosen at
@@ -72,14 +83,8 @@ FUSED_MLP_ROWS = 64
 CHAIN_ROWS = LINEAR_MAX_ROWS
 """Batches up to this many rows run as the kernel chain (when it runs at all); larger
 ones use library matmuls."""
-PROGRAMMATIC_LAUNCHES = True
-"""The kernel chain's kernels are programmatic dependent launches where the GPU has them
-(False: ordinary launches, e.g. to measure what they save)."""
 SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
-DEDICATED_PREFILL = True
-"""Where the kernel chain runs, the engine prefills prompts with
-:meth:`DecodeForward.prefill_hidden` (False: the Hugging Face forward pass)."""
 
 
 def supports_decode_forward(model: Any) -> bool:
@@ -102,34 +107,25 @@ def supports_decode_forward(model: Any) -> bool:
     return len(biases) == 1
 
 
-@dataclass
-class _LayerWeights:
-    """One decoder layer's matmul weights in the compute dtype."""
-
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    out: torch.Tensor
-    out_bias: torch.Tensor | None
-    gate_up: torch.Tensor
-    down: torch.Tensor
-
-
 class DecodeForward:
     """Next-token logits for one new token per slot, computed from ``model``'s weights.
 
     ``dtype`` is the matmul (compute) dtype. With ``fused_kernels``, attention runs as
-    :func:`~reasonctl.rollout.decode_attention.decode_attention` where that kernel runs
-    (CUDA, Triton, power-of-two head size), and the gate/up projection with its activation
-    as :func:`~reasonctl.rollout.decode_mlp.gated_silu` where that runs (CUDA, Triton, a
-    SiLU-gated MLP). Call :meth:`refresh` after the model's weights change;
+    :func:`~reasonctl.rollout.kernels.decode_attention.decode_attention` where that kernel
+    runs (CUDA, Triton, power-of-two head size), and the gate/up projection with its
+    activation as :func:`~reasonctl.rollout.kernels.decode_mlp.gated_silu` where that runs
+    (CUDA, Triton, a SiLU-gated MLP). ``options`` switches parts off for measurements
+    (see the module docstring). Call :meth:`refresh` after the model's weights change;
     :meth:`__call__` runs one step.
     """
 
-    def __init__(self, model: Any, dtype: torch.dtype, *, fused_kernels: bool = False) -> None:
+    def __init__(self, model: Any, dtype: torch.dtype, *, fused_kernels: bool = False,
+                 options: DecodeOptions = DecodeOptions()) -> None:
         if not supports_decode_forward(model):
             raise ValueError(f"{type(model).__name__} is not supported by DecodeForward")
         self.model = model
         self.dtype = dtype
+        self.options = options
         config = model.config
         inner = model.model
         self.heads = config.num_attention_heads
@@ -146,84 +142,46 @@ class DecodeForward:
         self.fused_mlp = (fused_kernels and kernels_run_on(device)
                           and getattr(config, "hidden_act", None) in ("silu", "swish"))
         """The gate/up projection and its activation run as one fused kernel."""
+        self.fused_mlp_rows = FUSED_MLP_ROWS if options.fused_mlp else 0
+        """Batches up to this many rows use the fused gate/up kernel off the chain."""
         self.mlp_tiles = choose_tiles(config.hidden_size)
-        self.layers = [self._allocate(layer) for layer in inner.layers]
-        self.lm_head = self._own_or_copy(model.get_output_embeddings().weight)
+        self.weights = DecodeWeights(model, dtype)
+        self.layers: list[LayerWeights] = self.weights.layers
+        self.lm_head = self.weights.lm_head
         self.norm_eps = float(getattr(inner.norm, "variance_epsilon", 1e-6))
         self.chain = (self.fused_attention and self.fused_mlp
                       and config.hidden_size <= MAX_HIDDEN)
-        """Batches of up to :data:`CHAIN_ROWS` rows run as the kernel chain."""
-        self.pdl = self.chain and PROGRAMMATIC_LAUNCHES and supports_pdl(device)
+        """Every kernel of the chain runs here: batches of up to :attr:`chain_rows` rows
+        run as the kernel chain."""
+        self.chain_rows = CHAIN_ROWS if options.kernel_chain and options.fused_mlp else 0
+        """Batches up to this many rows run as the kernel chain (where :attr:`chain`)."""
+        self.pdl = self.chain and options.programmatic_launches and supports_pdl(device)
         """The chain's kernels are programmatic dependent launches."""
+        self.descriptors = None if options.tensor_descriptors else False
+        """The chain's matmuls read through tensor descriptors where the device has them
+        (None: :func:`~reasonctl.rollout.kernels.decode_linear.uses_descriptors`
+        decides), or never (False)."""
         first = self.layers[0]
         self.qkv_tiles = choose_qkv_tiles(first.qkv.shape[0], first.qkv.shape[1],
-                                          self.processors)
+                                          self.processors, preload=options.preload_qkv)
         self.out_tiles = choose_linear_tiles(first.out.shape[0], first.out.shape[1],
                                              self.processors,
                                              may_split=first.out_bias is None)
         self.down_tiles = choose_linear_tiles(first.down.shape[0], first.down.shape[1],
                                               self.processors, may_split=True)
         self._stock = self.stock_hidden
-        self._tables_key: tuple[int, torch.dtype, torch.device] | None = None
-        self._tables: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))
-        self.refresh()
+        self.rotary = RotaryTables(inner.rotary_emb)
 
     def compile_stock(self) -> None:
         """Compile :meth:`stock_hidden` (the path of batches the kernel chain does not
         take) with ``torch.compile``: one compilation for every batch size."""
         self._stock = torch.compile(self.stock_hidden, dynamic=True)
 
-    # --- weights --------------------------------------------------------------------------
-
-    def _own_or_copy(self, param: torch.Tensor) -> torch.Tensor:
-        """``param`` itself when it has the compute dtype and is contiguous (the chain's
-        kernels read rows by a fixed stride), else a buffer for its copy."""
-        if param.dtype == self.dtype and param.is_contiguous():
-            return param.detach()
-        return torch.empty(param.shape, dtype=self.dtype, device=param.device)
-
-    def _allocate(self, layer: Any) -> _LayerWeights:
-        attention, mlp = layer.self_attn, layer.mlp
-        projections = (attention.q_proj, attention.k_proj, attention.v_proj)
-        device = attention.q_proj.weight.device
-        rows = sum(p.weight.shape[0] for p in projections)
-        hidden = attention.q_proj.weight.shape[1]
-        ffn = mlp.gate_proj.weight.shape[0]
-        has_bias = attention.q_proj.bias is not None
-        return _LayerWeights(
-            qkv=torch.empty((rows, hidden), dtype=self.dtype, device=device),
-            qkv_bias=torch.empty(rows, dtype=self.dtype, device=device) if has_bias else None,
-            out=self._own_or_copy(attention.o_proj.weight),
-            out_bias=(None if attention.o_proj.bias is None
-                      else self._own_or_copy(attention.o_proj.bias)),
-            gate_up=torch.empty((2 * ffn, hidden), dtype=self.dtype, device=device),
-            down=self._own_or_copy(mlp.down_proj.weight),
-        )
-
-    @torch.no_grad()
     def refresh(self) -> None:
-        """Copy the model's current weights into the compute-dtype buffers, in place: one
-        batched copy (``torch._foreach_copy_``) of every weight that has a buffer of its
-        own, since a rollout starts with this and ~200 separate copies would each cost a
-        launch."""
-        targets: list[torch.Tensor] = []
-        sources: list[torch.Tensor] = []
-        for layer, weights in zip(self.model.model.layers, self.layers, strict=True):
-            attention, mlp = layer.self_attn, layer.mlp
-            projections = (attention.q_proj, attention.k_proj, attention.v_proj)
-            _pair_rows(targets, sources, weights.qkv, [p.weight for p in projections])
-            if weights.qkv_bias is not None:
-                _pair_rows(targets, sources, weights.qkv_bias, [p.bias for p in projections])
-            _pair_rows(targets, sources, weights.gate_up,
-                       [mlp.gate_proj.weight, mlp.up_proj.weight])
-            _pair_if_distinct(targets, sources, weights.out, attention.o_proj.weight)
-            if weights.out_bias is not None:
-                _pair_if_distinct(targets, sources, weights.out_bias, attention.o_proj.bias)
-            _pair_if_distinct(targets, sources, weights.down, mlp.down_proj.weight)
-        _pair_if_distinct(targets, sources, self.lm_head,
-                          self.model.get_output_embeddings().weight)
-        if targets:
-            torch._foreach_copy_(targets, [s.detach() for s in sources])
+        """Copy the model's current weights into the compute-dtype buffers, in place
+        (:meth:`DecodeWeights.refresh
+        <reasonctl.rollout.static.decode_weights.DecodeWeights.refresh>`)."""
+        self.weights.refresh()
 
     # --- the step -------------------------------------------------------------------------
 
@@ -252,7 +210,7 @@ class DecodeForward:
         :meth:`__call__` takes the logits; arguments as there, and ``out`` (contiguous,
         that shape and dtype) to write them into. The kernel chain computes them where it
         runs, else :meth:`stock_hidden` (compiled after :meth:`compile_stock`)."""
-        if self.chain and input_ids.shape[0] <= CHAIN_ROWS:
+        if self.chain and input_ids.shape[0] <= self.chain_rows:
             return self.chain_hidden(input_ids, positions, cache, out=out)
         hidden = self._stock(input_ids, positions, cache, allowed)
         if out is None:
@@ -263,13 +221,13 @@ class DecodeForward:
     def chain_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor,
                      cache: SlotKVCache, out: torch.Tensor | None = None) -> torch.Tensor:
         """:meth:`hidden` as the kernel chain (needs :attr:`chain`, at most
-        :data:`CHAIN_ROWS` rows): the embedding lookup with the first norm, then per
-        layer the QKV matmul, attention (which sums the QKV matmul's split products and
-        adds its bias), the output projection (its reduction split, summed by the next
-        norm), residual add and RMSNorm, the gated MLP's gate/up, the down projection and
-        the next residual add and RMSNorm."""
+        :data:`CHAIN_ROWS` rows, whatever :attr:`chain_rows` says): the embedding lookup
+        with the first norm, then per layer the QKV matmul, attention (which sums the QKV
+        matmul's split products and adds its bias), the output projection (its reduction
+        split, summed by the next norm), residual add and RMSNorm, the gated MLP's
+        gate/up, the down projection and the next residual add and RMSNorm."""
         inner = self.model.model
-        pdl = self.pdl
+        pdl, descriptors = self.pdl, self.descriptors
         layers = inner.layers
         embedding = inner.embed_tokens
         if (type(embedding) is torch.nn.Embedding and embedding.max_norm is None
@@ -281,22 +239,23 @@ class DecodeForward:
             residual = embedding(input_ids)
             h = add_rms_norm(residual, None, layers[0].input_layernorm.weight, self.norm_eps,
                              self.dtype, pdl=pdl)
-        cos, sin = self._rotary_tables(cache.max_len, residual.dtype, residual.device)
+        cos, sin = self.rotary.every_position(cache.max_len, residual.dtype, residual.device)
         splits = default_splits(cache.slots, self.kv_heads, cache.max_len, self.processors)
         split_qkv = self.qkv_tiles.splits(self.layers[0].qkv.shape[1]) > 1
         for layer_index, (layer, weights) in enumerate(zip(layers, self.layers, strict=True)):
             qkv = skinny_linear(h, weights.qkv, None if split_qkv else weights.qkv_bias,
-                                self.qkv_tiles, pdl=pdl)
+                                self.qkv_tiles, pdl=pdl, descriptors=descriptors)
             attended = self._attention(layer.self_attn, qkv, cos, sin, None, positions,
                                        cache, layer_index, None, splits, pdl=pdl,
                                        rotary_by_position=True,
                                        qkv_bias=weights.qkv_bias if split_qkv else None)
             update = skinny_linear(attended, weights.out, weights.out_bias, self.out_tiles,
-                                   pdl=pdl)
+                                   pdl=pdl, descriptors=descriptors)
             h = add_rms_norm(residual, update, layer.post_attention_layernorm.weight,
                              self.norm_eps, self.dtype, pdl=pdl)
             activated = gated_silu(h, weights.gate_up, self.mlp_tiles, pdl=pdl)
-            update = skinny_linear(activated, weights.down, None, self.down_tiles, pdl=pdl)
+            update = skinny_linear(activated, weights.down, None, self.down_tiles, pdl=pdl,
+                                   descriptors=descriptors)
             last = layer_index == len(layers) - 1
             norm = inner.norm if last else layers[layer_index + 1].input_layernorm
             h = add_rms_norm(residual, update, norm.weight, self.norm_eps, self.dtype,
@@ -305,8 +264,9 @@ class DecodeForward:
 
     @property
     def prefills(self) -> bool:
-        """True when :meth:`prefill_hidden` runs (where the kernel chain does)."""
-        return self.chain and DEDICATED_PREFILL
+        """True when :meth:`prefill_hidden` runs: where the kernel chain's kernels do,
+        unless the options turn the dedicated prefill off."""
+        return self.chain and self.options.dedicated_prefill
 
     def prefill_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor,
                        allowed: torch.Tensor, cache: SlotKVCache) -> torch.Tensor:
@@ -324,7 +284,8 @@ class DecodeForward:
         embedded = inner.embed_tokens(input_ids)
         residual = embedded.reshape(rows * width, -1)
         cos, sin = (table.view(cache.max_len, -1) for table in
-                    self._rotary_tables(cache.max_len, residual.dtype, residual.device))
+                    self.rotary.every_position(cache.max_len, residual.dtype,
+                                               residual.device))
         token_positions = positions.reshape(-1)
         cache_dtype = cache.keys[0].dtype
         tokens = rows * width
@@ -369,11 +330,11 @@ class DecodeForward:
         inner = self.model.model
         batch = input_ids.shape[0]
         x = inner.embed_tokens(input_ids)
-        cos, sin = self._rotary(positions, x.dtype)
+        cos, sin = self.rotary.at(positions, x.dtype)
         rows = torch.arange(batch, device=input_ids.device)
         splits = default_splits(cache.slots, self.kv_heads, cache.max_len, self.processors) \
             if self.fused_attention else 1
-        fused_mlp = self.fused_mlp and batch <= FUSED_MLP_ROWS
+        fused_mlp = self.fused_mlp and batch <= self.fused_mlp_rows
         for layer_index, (layer, weights) in enumerate(
                 zip(inner.layers, self.layers, strict=True)):
             attention = layer.self_attn
@@ -428,7 +389,7 @@ class DecodeForward:
         k = k.view(batch, self.kv_heads, self.head_dim)
         if hasattr(attention, "q_norm"):  # Qwen3: RMSNorm per head before rotary
             q, k = attention.q_norm(q), attention.k_norm(k)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = rotate_half(q, cos, sin), rotate_half(k, cos, sin)
         keys, values = cache.keys[layer_index], cache.values[layer_index]
         # an indexed store into the whole cache tensor: a compiler turns it into a
         # write of the new entries only (a store into a slice view would make it copy
@@ -440,51 +401,3 @@ class DecodeForward:
         attended = F.scaled_dot_product_attention(grouped, keys[:batch], values[:batch],
                                                   attn_mask=allowed, scale=self.scaling)
         return attended.reshape(batch, self.heads * self.head_dim)
-
-    def _rotary_tables(self, max_len: int, dtype: torch.dtype, device: torch.device
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotary ``cos``/``sin`` of every position below ``max_len`` (``[max_len, 1,
-        head_dim]``, computed as :meth:`_rotary` computes them, once per length and
-        dtype): the chain's attention reads them at each row's position."""
-        key = (max_len, dtype, device)
-        if self._tables_key != key:
-            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("rotary tables must exist before a CUDA graph is "
-                                   "captured (run the step once first)")
-            self._tables = self._rotary(torch.arange(max_len, device=device), dtype)
-            self._tables_key = key
-        return self._tables
-
-    def _rotary(self, positions: torch.Tensor, dtype: torch.dtype
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        rotary = self.model.model.rotary_emb
-        freqs = positions.float().unsqueeze(-1) * rotary.inv_freq.float().unsqueeze(0)
-        angles = torch.cat((freqs, freqs), dim=-1)
-        scale = getattr(rotary, "attention_scaling", 1.0)
-        return ((angles.cos() * scale).to(dtype).unsqueeze(1),
-                (angles.sin() * scale).to(dtype).unsqueeze(1))
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding in the "rotate half" layout of Llama-style models."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
-def _pair_rows(targets: list[torch.Tensor], sources: list[torch.Tensor],
-               target: torch.Tensor, parts: list[torch.Tensor]) -> None:
-    """Pair consecutive row blocks of ``target`` with ``parts`` (a concatenated copy)."""
-    start = 0
-    for part in parts:
-        targets.append(target[start : start + part.shape[0]])
-        sources.append(part)
-        start += part.shape[0]
-
-
-def _pair_if_distinct(targets: list[torch.Tensor], sources: list[torch.Tensor],
-                      target: torch.Tensor, source: torch.Tensor) -> None:
-    """Pair ``target`` with ``source`` unless it is ``source`` itself."""
-    if target.data_ptr() != source.data_ptr():
-        targets.append(target)
-        sources.append(source)

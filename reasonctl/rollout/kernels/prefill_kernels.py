@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from reasonctl.rollout.triton_support import next_power_of_two
+from reasonctl.rollout.kernels.triton_support import next_power_of_two
 
 ACTIVATION_BLOCK = 1024
 """Entries of a row per program of :func:`silu_and_mul`."""

@@ -1,5 +1,6 @@
 """What the decode step's Triton kernels share: whether Triton is there, whether its
-interpreter runs them, and block-size arithmetic."""
+interpreter runs them, what the GPU offers (processors, programmatic dependent launches,
+tensor descriptors) and block-size arithmetic."""
 
 from __future__ import annotations
 
@@ -33,6 +34,13 @@ def kernels_run_on(device: torch.device) -> bool:
     """True when the decode step's Triton kernels run on ``device``: a CUDA device, or
     any device under Triton's interpreter, with Triton installed."""
     return (device.type == "cuda" or interpreting()) and triton_available()
+
+
+def processor_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA ``device`` (1 elsewhere)."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def supports_pdl(device: torch.device) -> bool:

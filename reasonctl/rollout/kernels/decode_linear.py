@@ -6,8 +6,8 @@ columns for every row (the weight tile is the first operand of the tile product,
 small row count is the product's narrow side) and, with ``k_split``, a slice of the
 reduction: more programs then read the weight at once. Split products are written as
 float32 partial sums ``[splits, M, N]`` for the next kernel (the residual add of
-:mod:`reasonctl.rollout.decode_norm`) to sum; an unsplit product is rounded to ``x``'s
-dtype, with the bias added in float32 first, as the library's matmul does.
+:mod:`reasonctl.rollout.kernels.decode_norm`) to sum; an unsplit product is rounded to
+``x``'s dtype, with the bias added in float32 first, as the library's matmul does.
 
 With ``pdl`` the kernel is launched as a programmatic dependent launch: it starts while
 the previous kernel finishes and waits for it (``griddepcontrol.wait``) before reading
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from reasonctl.rollout.triton_support import (
+from reasonctl.rollout.kernels.triton_support import (
     interpreting,
     next_power_of_two,
     supports_tensor_descriptors,
@@ -42,12 +42,6 @@ MAX_ROWS = 64
 BLOCK_K = 128
 PRELOAD_ELEMENTS = 64 * 256
 """The largest weight share a program loads whole before it waits (held in registers)."""
-PRELOAD_QKV = True
-"""The QKV matmul preloads its weight shares where they are small enough (False: the
-reduction loop, e.g. to measure what preloading saves)."""
-TENSOR_DESCRIPTORS = True
-"""Operands are read through tensor descriptors where :func:`uses_descriptors` allows
-(False: per-thread loads everywhere, e.g. to measure what descriptors save)."""
 
 
 @dataclass(frozen=True)
@@ -88,21 +82,23 @@ def choose_linear_tiles(columns: int, depth: int, processors: int, *,
                        k_split=_ceil_div(_ceil_div(depth, splits), BLOCK_K) * BLOCK_K)
 
 
-def choose_qkv_tiles(columns: int, depth: int, processors: int) -> LinearTiles:
+def choose_qkv_tiles(columns: int, depth: int, processors: int, *,
+                     preload: bool = True) -> LinearTiles:
     """Tiles for the fused QKV projection (``[columns, depth]``), whose partial sums the
-    attention kernel adds up (:mod:`reasonctl.rollout.decode_attention`): 64 columns per
-    program and the reduction split so that there are about half as many programs as
+    attention kernel adds up (:mod:`reasonctl.rollout.kernels.decode_attention`): 64
+    columns per program and the reduction split so that there are about half as many programs as
     processors. Each program then reads a quarter of the input rows' length instead of
     all of it, so the programs together read the input from L2 about 4x less often. At
     64 rows of a Qwen2.5-0.5B-shaped model on an H100 (64 columns, 256-element shares,
     72 programs) the decode step's forward pass took 827-832 µs against 844-845 µs with
     16-column unsplit tiles. Where a program's share is at most :data:`PRELOAD_ELEMENTS`
-    it is preloaded (there: 808-813 µs against 819-821 µs at position 384)."""
+    it is preloaded (there: 808-813 µs against 819-821 µs at position 384) unless
+    ``preload`` is False (the reduction loop, e.g. to measure what preloading saves)."""
     tiles = _ceil_div(columns, 64)
     splits = max(1, round(processors / (2 * tiles)))
     k_split = _ceil_div(_ceil_div(depth, splits), BLOCK_K) * BLOCK_K
     return LinearTiles(block_n=64, k_split=k_split,
-                       preload=PRELOAD_QKV and 64 * k_split <= PRELOAD_ELEMENTS)
+                       preload=preload and 64 * k_split <= PRELOAD_ELEMENTS)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -141,10 +137,10 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 def uses_descriptors(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """True when :func:`skinny_linear` reads ``x`` and ``weight`` through tensor
-    descriptors: :data:`TENSOR_DESCRIPTORS` is on, the device has them (not Triton's
-    interpreter, where they are used only when asked for), and both are half-precision with
-    16-byte aligned starts and row strides."""
-    if not TENSOR_DESCRIPTORS or not supports_tensor_descriptors(x.device):
+    descriptors by default: the device has them (not Triton's interpreter, where they are
+    used only when asked for), and both are half-precision with 16-byte aligned starts and
+    row strides."""
+    if not supports_tensor_descriptors(x.device):
         return False
     return x.element_size() == 2 and all(
         t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0

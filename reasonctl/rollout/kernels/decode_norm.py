@@ -3,14 +3,14 @@
 :func:`add_rms_norm` adds a matmul's output to the residual stream (in place) and returns
 the RMS-normalised result for the next matmul; :func:`embed_rms_norm` starts the residual
 stream from embedding rows and normalises it for the first layer. The matmul's output
-may be float32 partial sums of a split reduction (:mod:`reasonctl.rollout.decode_linear`);
-they are summed here and rounded to the matmul dtype, as a single matmul would have
-rounded them.
+may be float32 partial sums of a split reduction
+(:mod:`reasonctl.rollout.kernels.decode_linear`); they are summed here and rounded to the
+matmul dtype, as a single matmul would have rounded them.
 Rounding follows the Hugging Face Llama/Qwen RMSNorm: normalise in float32, round to the
 residual's dtype, multiply by the weight, round to the output dtype.
 
 With ``pdl`` the kernel is a programmatic dependent launch (see
-:mod:`reasonctl.rollout.decode_linear`). Triton is imported on first use.
+:mod:`reasonctl.rollout.kernels.decode_linear`). Triton is imported on first use.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from reasonctl.rollout.triton_support import next_power_of_two
+from reasonctl.rollout.kernels.triton_support import next_power_of_two
 
 MAX_HIDDEN = 16384
 """The widest hidden size :func:`add_rms_norm` takes (one program holds a whole row)."""

@@ -6,7 +6,7 @@ a mask, attention over the cache's whole allocated length). :func:`decode_attent
 does it in one kernel, or two when the keys are split across programs:
 
 - It reads the fused QKV projection's output row as it is, or sums the float32 partial
-  sums of a split QKV matmul (:mod:`reasonctl.rollout.decode_linear`) and its bias,
+  sums of a split QKV matmul (:mod:`reasonctl.rollout.kernels.decode_linear`) and its bias,
   rounding as the unsplit matmul would; applies the per-head RMSNorm of Qwen3-style
   models when given, then the rotary embedding, to the query heads of one key/value head
   and to that head's new key.
@@ -25,6 +25,11 @@ cache dtype before they multiply the values.
 Triton is imported by :func:`_kernels` on first use, so importing this module does not.
 On devices without Triton, callers use their stock path; :func:`decode_attention_reference`
 is the same computation in plain torch.
+
+At a little over 400 lines this module is one operation: its launch planning, checks,
+custom-op registration, the two Triton kernels (about half of the file) and the torch
+twin the tests compare them against, kept together so that a change to the kernel's
+numerics and to its reference are read side by side.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from typing import Any
 
 import torch
 
-from reasonctl.rollout.triton_support import interpreting, kernels_run_on, next_power_of_two
+from reasonctl.rollout.kernels.triton_support import interpreting, kernels_run_on, next_power_of_two
 
 PROGRAMS_PER_PROCESSOR = 4
 """Attention programs wanted per streaming multiprocessor. At 64 rows of a
@@ -51,13 +56,6 @@ def supports_fused_attention(head_dim: int, device: torch.device) -> bool:
     any device under Triton's interpreter), Triton installed and a power-of-two head size
     of at least 16."""
     return head_dim >= 16 and head_dim & (head_dim - 1) == 0 and kernels_run_on(device)
-
-
-def processor_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA ``device`` (1 elsewhere)."""
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def default_splits(batch: int, kv_heads: int, max_len: int, processors: int) -> int:
@@ -100,7 +98,7 @@ def decode_attention(
     written in place). ``q_norm``/``k_norm`` are per-head RMSNorm weights (``[head_dim]``)
     applied before rotary, as in Qwen3. ``splits`` (a power of two) is the number of
     programs sharing each slot's keys. With ``pdl`` the kernels are programmatic dependent
-    launches (see :mod:`reasonctl.rollout.decode_linear`). With ``rotary_by_position``,
+    launches (see :mod:`reasonctl.rollout.kernels.decode_linear`). With ``rotary_by_position``,
     ``cos``/``sin`` are tables of every cache position (``[max_len, head_dim]``), read at
     each row's position, so they need not be computed every step.
     """

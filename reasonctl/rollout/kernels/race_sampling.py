@@ -12,7 +12,7 @@ are used, from a seed held in a device tensor, and takes the log-sum-exp in the 
    ``logits / T``, then sums ``exp(logits / T - maximum)`` in a second pass over the
    chunk (read from cache). Each Philox draw (``tl.rand4x``) serves four entries.
 2. ``combine`` (:func:`pick_from_partials`, shared with
-   :mod:`reasonctl.rollout.head_sampling`): one program per row picks the best chunk
+   :mod:`reasonctl.rollout.kernels.head_sampling`): one program per row picks the best chunk
    (the lowest index among equal scores) and the token's log-probability under the
    temperature-scaled distribution.
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from reasonctl.rollout.triton_support import next_power_of_two
+from reasonctl.rollout.kernels.triton_support import next_power_of_two
 
 CHUNK = 4096  # vocabulary entries per program of the first kernel
 BLOCK = 1024  # entries per step of a program's loop
@@ -73,7 +73,7 @@ def pick_from_partials(partials: torch.Tensor, *, pdl: bool = False
     sum of ``exp(logits / T - maximum)`` and the best entry's ``logits / T``. Ties go to
     the lowest part. Returns ``(tokens, logprobs)``: ``[B]`` int64 and ``[B]`` float32.
     With ``pdl`` the kernel is a programmatic dependent launch (see
-    :mod:`reasonctl.rollout.decode_linear`)."""
+    :mod:`reasonctl.rollout.kernels.decode_linear`)."""
     _, rows, parts = partials.shape
     tokens = torch.empty(rows, dtype=torch.int64, device=partials.device)
     logprobs = torch.empty(rows, dtype=torch.float32, device=partials.device)
