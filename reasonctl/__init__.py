@@ -26,8 +26,11 @@ from importlib import import_module, metadata
 from typing import TYPE_CHECKING, Any
 
 from reasonctl.core.callables import as_reward, batched
-from reasonctl.core.config import RunConfig
+from reasonctl.core.config import InputDir, InputFile, InputPath, RunConfig
 from reasonctl.core.errors import (
+    BrokenComponentError,
+    ComponentContractError,
+    ComponentUnavailableError,
     ConfigError,
     DataError,
     DuplicateComponentError,
@@ -155,8 +158,11 @@ __all__ = [
     "Algorithm",
     "Backend",
     "BatchLayout",
+    "BrokenComponentError",
     "ChatProcessor",
     "Completion",
+    "ComponentContractError",
+    "ComponentUnavailableError",
     "ConfigError",
     "ContentPart",
     "DataError",
@@ -165,6 +171,9 @@ __all__ = [
     "EncodedSample",
     "EpochSampler",
     "EvalReport",
+    "InputDir",
+    "InputFile",
+    "InputPath",
     "ListDataset",
     "Logger",
     "Message",

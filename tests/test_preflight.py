@@ -10,6 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 import reasonctl
+from reasonctl.core.composition import preflight
 from reasonctl.core.config import (
     InputDir,
     InputPath,
@@ -130,19 +131,29 @@ def test_upload_uris_must_be_well_formed(registry, tmp_path, data_file):
     assert len(problems) == 6
 
 
+def all_problems(cfg, registry, world_size=1):
+    """The run's pre-flight problems, the algorithm's own checks included."""
+    try:
+        preflight(cfg, registry, world_size=world_size)
+    except ConfigError as exc:
+        return exc.problems
+    return []
+
+
 def test_batch_layout_resume_and_device(registry, tmp_path, data_file):
     cfg = config(registry, tmp_path, f"data.jsonl.path='{data_file}'", "algorithm.name=sft",
                  "train.global_batch_size=8", "train.micro_batch_size=3",
                  f"run.resume='{tmp_path / 'checkpoints' / 'step_9'}'")
-    problems = preflight_problems(cfg, registry)
-    assert problems[0] == ("train.global_batch_size: 8 is not a multiple of "
+    problems = all_problems(cfg, registry)
+    assert len(problems) == 2
+    assert problems[0].startswith(f"run.resume: checkpoint '{tmp_path / 'checkpoints' / 'step_9'}'"
+                                  " does not exist")
+    assert problems[1] == ("train.global_batch_size: 8 is not a multiple of "
                            "train.micro_batch_size (3); use e.g. 6, or a micro_batch_size that "
                            "divides 8")
-    assert problems[1].startswith(f"run.resume: checkpoint '{tmp_path / 'checkpoints' / 'step_9'}'"
-                                  " does not exist")
     cfg = config(registry, tmp_path, f"data.jsonl.path='{data_file}'",
                  "train.global_batch_size=8", "train.micro_batch_size=2")
-    assert preflight_problems(cfg, registry, world_size=3)[0].startswith(
+    assert all_problems(cfg, registry, world_size=3)[0].startswith(
         "train.global_batch_size: 8 is not a multiple of 3 data-parallel ranks")
     step = tmp_path / "step_1"
     step.mkdir()

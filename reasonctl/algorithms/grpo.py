@@ -151,15 +151,9 @@ class GRPO:
             ctx.total_steps = config.train.max_steps
         else:
             ctx.total_steps = config.train.epochs * math.ceil(len(dataset) / cfg.prompts_per_step)
-        if config.rollout.n < 2:
-            raise ConfigError([f"rollout.n: GRPO compares completions within a group, so it "
-                               f"needs at least 2 per prompt (got {config.rollout.n})"])
-        per_rank, rest = divmod(cfg.prompts_per_step, backend.world_size)
-        if rest or per_rank == 0:
-            raise ConfigError([
-                f"algorithm.grpo.prompts_per_step: {cfg.prompts_per_step} must be a positive "
-                f"multiple of the number of data-parallel processes ({backend.world_size})"
-            ])
+        problems = cfg.config_problems(config, world_size=backend.world_size)
+        if problems:
+            raise ConfigError(problems)
         self.loss_settings = PolicyLossSettings(
             epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
             importance_level=cfg.importance_level, loss_aggregation=cfg.loss_aggregation,

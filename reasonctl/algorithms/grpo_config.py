@@ -6,9 +6,12 @@ math :mod:`reasonctl.algorithms.grpo_loss`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from reasonctl.core.config import RunConfig
 
 
 class GRPOConfig(BaseModel):
@@ -75,3 +78,18 @@ class GRPOConfig(BaseModel):
                 f"({self.prompts_per_step}): each mini-batch needs at least one group"
             )
         return self
+
+    def config_problems(self, config: RunConfig, *, world_size: int) -> list[str]:
+        """Groups of at least two completions; prompts that split over the ranks
+        (:class:`~reasonctl.core.protocols.ValidatesRunConfig`)."""
+        problems = []
+        if config.rollout.n < 2:
+            problems.append(f"rollout.n: GRPO compares completions within a group, so it needs "
+                            f"at least 2 per prompt (got {config.rollout.n})")
+        prompts = self.prompts_per_step
+        if prompts % world_size:
+            problems.append(
+                f"algorithm.grpo.prompts_per_step: {prompts} must be a positive multiple of "
+                f"the number of data-parallel processes ({world_size})"
+            )
+        return problems

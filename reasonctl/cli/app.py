@@ -123,9 +123,9 @@ def run_command(
     values = common.flag_values(algo=algo, backend=backend, output_dir=output_dir, resume=resume)
     cfg = common.load(config, set_, values)
     if not common.inside_launcher():  # the launching process already checked
-        from reasonctl.core.config import check_preflight
+        from reasonctl.core.composition import preflight
 
-        check_preflight(cfg, common.host().registry)
+        preflight(cfg, common.host().registry)
     launched = nproc_per_node > 1 or nnodes > 1
     if launched and cfg.backend.name == "single":
         fail("the 'single' backend runs one process; use --backend fsdp (or megatron) with "

@@ -21,7 +21,7 @@ from reasonctl.core.config import (
     load_config_with_sources,
     redact_text,
 )
-from reasonctl.core.errors import ConfigError, ReasonctlError, UnknownComponentError
+from reasonctl.core.errors import ComponentUnavailableError, ConfigError, ReasonctlError
 from reasonctl.core.plugins import PluginHost
 
 console = Console(stderr=True)
@@ -82,7 +82,7 @@ def handle_errors(func: F) -> F:
             return func(*args, **kwargs)
         except (typer.Exit, typer.Abort, SystemExit):
             raise
-        except (ConfigError, UnknownComponentError) as exc:
+        except (ConfigError, ComponentUnavailableError) as exc:
             fail(str(exc), code=2)
         except ValidationError as exc:  # a component validating its own options late
             lines = "\n".join(f"  - {p}" for p in format_validation_errors(exc, BaseModel))

@@ -69,11 +69,11 @@ def validate(
 ) -> None:
     """Check the configuration and what it needs (files, devices) without running; exit 2
     listing every problem."""
-    from reasonctl.core.config import check_preflight
+    from reasonctl.core.composition import preflight
 
     common.warn_plugin_errors()
     cfg = common.load(config, set_, common.flag_values(algo=algo, backend=backend))
-    check_preflight(cfg, common.host().registry)
+    preflight(cfg, common.host().registry)
     typer.echo(f"ok: algorithm={cfg.algorithm.name} backend={cfg.backend.name} "
                f"data={cfg.data.format} output_dir={cfg.run.output_dir}")
 

@@ -19,10 +19,12 @@ from reasonctl.core.protocols import (
     Needs,
     RunContext,
     SupportsReferenceModel,
+    ValidatesRunConfig,
     skipped_rows,
 )
 
 if TYPE_CHECKING:
+    from reasonctl.core.config import RunConfig
     from reasonctl.core.protocols import (
         Algorithm,
         Backend,
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
         Processor,
         RolloutEngine,
     )
+    from reasonctl.core.registry import Registry
     from reasonctl.core.reward_set import RewardSet
     from reasonctl.core.types import Sample
 
@@ -44,6 +47,25 @@ def build_component(ctx: RunContext, kind: str, section: str, name: str,
     spec = ctx.registry.get(kind, name)
     options = config if config is not None else ctx.component_config(section, name)
     return spec.build(options, ctx=ctx)
+
+
+def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1) -> None:
+    """Check what can be known before loading anything; raise one :class:`ConfigError`.
+
+    The outside world (input paths, output directory, upload URIs, device, resume path:
+    :func:`~reasonctl.core.config.preflight_problems`) and the algorithm's own view of the
+    config (its config model's :class:`~reasonctl.core.protocols.ValidatesRunConfig`), on
+    ``world_size``
+    data-parallel ranks.
+    """
+    from reasonctl.core.config import preflight_problems
+
+    problems = preflight_problems(config, registry)
+    options = config.component_config("algorithm", config.algorithm.name)
+    if isinstance(options, ValidatesRunConfig):
+        problems += options.config_problems(config, world_size=world_size)
+    if problems:
+        raise ConfigError(problems)
 
 
 def build_backend(ctx: RunContext) -> Backend:

@@ -136,6 +136,20 @@ class DeclaresNeeds(Protocol):
         ...
 
 
+@runtime_checkable
+class ValidatesRunConfig(Protocol):
+    """Optional for an algorithm's config model: problems of the whole run config that the
+    algorithm can tell before any model or data is loaded (default: none), e.g. SFT's
+    global batch splitting into micro-batches. ``reasonctl config validate`` and
+    ``reasonctl run`` report them with the other pre-flight problems, as ``path: message``
+    lines (exit 2). It lives on the config model, which imports nothing heavy, so the
+    check stays fast."""
+
+    def config_problems(self, config: RunConfig, *, world_size: int) -> list[str]:
+        """Problems of ``config`` for this algorithm on ``world_size`` data-parallel ranks."""
+        ...
+
+
 # --- components ----------------------------------------------------------------------------------
 
 
@@ -556,6 +570,7 @@ __all__ = [
     "StreamsText",
     "SupportsReferenceModel",
     "TokenOutputs",
+    "ValidatesRunConfig",
     "algorithm_needs",
     "generation_model",
     "shares_policy_weights",

@@ -12,7 +12,6 @@ import hashlib
 import logging
 import os
 import random
-import re
 import shutil
 import time
 import uuid
@@ -22,13 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from reasonctl.core.errors import ReasonctlError
+from reasonctl.core.uris import is_remote, join_uri, parse_uri
 
 if TYPE_CHECKING:
     from reasonctl.core.config import RunConfig
     from reasonctl.core.protocols import Storage
     from reasonctl.core.registry import Registry
 
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://(.*)$", re.DOTALL)
 CACHE_ENV = "REASONCTL_CACHE"
 T = TypeVar("T")
 log = logging.getLogger("reasonctl.storage")
@@ -36,30 +35,6 @@ log = logging.getLogger("reasonctl.storage")
 
 class StorageError(ReasonctlError):
     """A storage operation failed; the message names the URI and what to do."""
-
-
-def parse_uri(uri: str) -> tuple[str, str]:
-    """Split ``uri`` into ``(scheme, rest)``; a plain path gives ``("file", path)``.
-
-    The scheme is lower-cased. ``file:///abs/path`` gives ``("file", "/abs/path")``.
-    """
-    match = _SCHEME.match(uri)
-    if match is None:
-        return "file", uri
-    return match.group(1).lower(), match.group(2)
-
-
-def is_remote(uri: str) -> bool:
-    """True when ``uri`` has a scheme other than ``file``."""
-    return parse_uri(uri)[0] != "file"
-
-
-def join_uri(base: str, *parts: str) -> str:
-    """``base`` with ``parts`` appended, separated by single slashes."""
-    tail = "/".join(p.strip("/") for p in parts if p.strip("/"))
-    if not tail:
-        return base
-    return f"{base.rstrip('/')}/{tail}" if base.rstrip("/") else f"/{tail}"
 
 
 def open_storage(registry: Registry, uri: str, config: RunConfig | None = None) -> Storage:

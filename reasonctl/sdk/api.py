@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from reasonctl.core.composition import preflight
 from reasonctl.core.config import (
     RunConfig,
     build_config_model,
@@ -130,6 +131,7 @@ def run(
             key, value = parse_override(text)
             set_path(data, key, value)
     resolved = validate_config(_strip_none(data), model, host.registry)
+    preflight(resolved, host.registry)
     return _run(resolved, host=host)
 
 

@@ -12,8 +12,6 @@ with every other problem, instead of after minutes of model loading:
 - ``checkpoint.upload`` URIs use an installed storage scheme and are well-formed
   (``s3://`` needs a bucket, ``hf://`` an ``owner/repo``);
 - the requested ``backend.device`` is present (torch is imported only for that check);
-- ``train.micro_batch_size`` times the data-parallel ranks divides ``train.global_batch_size``
-  (for the algorithms that draw it, :data:`GLOBAL_BATCH_ALGORITHMS`);
 - ``run.resume``, when a path, is a complete checkpoint directory.
 """
 
@@ -31,34 +29,30 @@ from reasonctl.core.config.markers import InputPath
 from reasonctl.core.config.redaction import redact_text
 from reasonctl.core.config.schema import RunConfig
 from reasonctl.core.errors import ConfigError, ReasonctlError, did_you_mean
-from reasonctl.core.storage import parse_uri
+from reasonctl.core.uris import parse_uri
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
 
     from reasonctl.core.registry import Registry
 
-GLOBAL_BATCH_ALGORITHMS = frozenset({"sft"})
-"""Algorithms whose step draws ``train.global_batch_size`` samples split into
-``train.micro_batch_size`` micro-batches per data-parallel rank (GRPO sizes its step with
-``algorithm.grpo.prompts_per_step`` instead). To be replaced by a capability the algorithm
-protocol declares."""
 _SCHEME_MISSING_SLASH = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/?[^/]")
 _BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 HUB_REPO_TYPES = ("datasets", "spaces", "models")
 
 
-def check_preflight(config: RunConfig, registry: Registry, *, world_size: int = 1) -> None:
+def check_preflight(config: RunConfig, registry: Registry) -> None:
     """Raise :class:`ConfigError` listing every :func:`preflight_problems` entry."""
-    problems = preflight_problems(config, registry, world_size=world_size)
+    problems = preflight_problems(config, registry)
     if problems:
         raise ConfigError(problems)
 
 
-def preflight_problems(config: RunConfig, registry: Registry, *, world_size: int = 1) -> list[str]:
+def preflight_problems(config: RunConfig, registry: Registry) -> list[str]:
     """Every problem of ``config`` with the outside world, as ``path: message`` lines.
 
-    ``world_size`` is the number of data-parallel ranks the global batch is split over.
+    The algorithm's own checks (:class:`~reasonctl.core.protocols.ValidatesRunConfig`) are
+    added by :func:`reasonctl.core.composition.preflight`.
     """
     problems: list[str] = []
     for prefix, model, fields in _models_in_use(config, registry):
@@ -66,7 +60,6 @@ def preflight_problems(config: RunConfig, registry: Registry, *, world_size: int
     problems += _guarded("run.output_dir", config.run.output_dir, _output_dir_problems)
     problems += _upload_problems(config.checkpoint.upload, registry)
     problems += _device_problems(config.backend.device)
-    problems += _batch_problems(config, world_size)
     if isinstance(config.run.resume, str) and config.run.resume:
         problems += _guarded("run.resume", config.run.resume, _resume_problems)
     return [redact_text(problem) for problem in problems]
@@ -259,21 +252,6 @@ def _device_problems(device: str) -> list[str]:
         return [f"backend.device: {device!r} but this machine has {count} CUDA device(s) "
                 f"(cuda:0 to cuda:{count - 1})"]
     return []
-
-
-def _batch_problems(config: RunConfig, world_size: int) -> list[str]:
-    if config.algorithm.name not in GLOBAL_BATCH_ALGORITHMS:
-        return []
-    total, micro = config.train.global_batch_size, config.train.micro_batch_size
-    step = micro * world_size
-    if total % step == 0:
-        return []
-    fit = max(1, total // step) * step
-    if world_size == 1:
-        return [f"train.global_batch_size: {total} is not a multiple of train.micro_batch_size "
-                f"({micro}); use e.g. {fit}, or a micro_batch_size that divides {total}"]
-    return [f"train.global_batch_size: {total} is not a multiple of {world_size} data-parallel "
-            f"ranks x train.micro_batch_size ({micro}) = {step}; use e.g. {fit}"]
 
 
 def _resume_problems(_path: str, resume: str) -> list[str]:

@@ -13,9 +13,9 @@ slots when that lets a smaller batch-size bucket run. See
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -30,7 +30,42 @@ from reasonctl.rollout.sampling import sample_tokens
 from reasonctl.rollout.stopping import StopMatcher
 
 if TYPE_CHECKING:
-    from reasonctl.rollout.static.decoder import StaticDecoder
+    from reasonctl.rollout.options import DecodeOptions
+    from reasonctl.rollout.static.buffers import StepBuffers
+    from reasonctl.rollout.static.cuda_graphs import DecodeGraphs
+    from reasonctl.rollout.static.decode_forward import DecodeForward
+    from reasonctl.rollout.static.slot_cache import SlotKVCache
+
+
+class Decoder(Protocol):
+    """What a run uses of its :class:`~reasonctl.rollout.static.decoder.StaticDecoder`
+    (declared here so the decoder can import this module without a circle)."""
+
+    options: DecodeOptions
+    cache: SlotKVCache | None
+    buffers: StepBuffers | None
+    graphs: DecodeGraphs | None
+    decode_forward: DecodeForward | None
+    fused_kernels: bool
+    eos_token_ids: list[int]
+    pad_token_id: int
+    decode: Callable[[Sequence[int]], str]
+    race: Any
+    record: Any
+
+    def bucket(self, rows: int, slots: int) -> int:
+        """The graph batch size that holds ``rows`` live rows."""
+        ...
+
+    def forward_decode(self, batch: int, head: bool = True) -> None:
+        """One decode step of the first ``batch`` slots."""
+        ...
+
+    def prefill_slots(self, ids: torch.Tensor, real: torch.Tensor, slots: torch.Tensor,
+                      source_rows: torch.Tensor | None, lengths: torch.Tensor, *,
+                      head: bool) -> None:
+        """Prefill left-padded prompts into cache slots."""
+        ...
 
 
 @dataclass
@@ -50,7 +85,7 @@ class DecodeRun:
     """The state of one :meth:`StaticDecoder.generate` call: which sequence occupies
     which slot, which wait, and the windows of decode steps queued on the device."""
 
-    def __init__(self, decoder: StaticDecoder, prompts: Sequence[Sequence[int]],
+    def __init__(self, decoder: Decoder, prompts: Sequence[Sequence[int]],
                  params: SamplingParams, sequences: list[GeneratingRow], slots: int,
                  generator: torch.Generator) -> None:
         assert decoder.cache is not None and decoder.buffers is not None
