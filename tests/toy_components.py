@@ -22,6 +22,10 @@ class ToyAlgorithmConfig(BaseModel):
     target: float = 3.0
     signal_at_step: int = 0
 
+    def needs(self) -> reasonctl.Needs:
+        """No tokenizer and no data: the toy fits one number."""
+        return reasonctl.Needs(processor=False, dataset=False)
+
 
 class ToyBackend:
     """Holds one weight; 'saves' it as JSON; 'exports' it as a file."""
@@ -71,9 +75,6 @@ class ToyAlgorithm:
     def __init__(self, config: ToyAlgorithmConfig) -> None:
         self.config = config
         self.updates = 0
-
-    def needs(self) -> reasonctl.Needs:
-        return reasonctl.Needs(processor=False, dataset=False)
 
     def setup(self, ctx: Any) -> None:
         ctx.total_steps = ctx.config.train.max_steps or 10

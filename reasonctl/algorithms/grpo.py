@@ -55,7 +55,7 @@ from reasonctl.algorithms.rollouts import (
 )
 from reasonctl.algorithms.sampling import EpochSampler
 from reasonctl.core.errors import ConfigError, ReasonctlError
-from reasonctl.core.protocols import Needs, SupportsReferenceModel
+from reasonctl.core.protocols import SupportsReferenceModel
 from reasonctl.core.types import Metrics, RolloutGroup, Sample
 from reasonctl.data.datasets import shard
 
@@ -131,10 +131,6 @@ class GRPO:
         self.micro_batch_size = 1
 
     # --- Algorithm protocol ---------------------------------------------------------------
-
-    def needs(self) -> Needs:
-        """A processor, the prompts, rewards, a rollout engine; a reference with a KL term."""
-        return Needs(rewards=True, rollout_engine=True, reference_model=self.config.kl_beta > 0)
 
     def setup(self, ctx: RunContext) -> None:
         """Check the settings against the run, set the prompt order and ``ctx.total_steps``."""

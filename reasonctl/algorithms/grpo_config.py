@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from reasonctl.core.protocols import Needs
+
 if TYPE_CHECKING:
     from reasonctl.core.config import RunConfig
 
@@ -78,6 +80,11 @@ class GRPOConfig(BaseModel):
                 f"({self.prompts_per_step}): each mini-batch needs at least one group"
             )
         return self
+
+    def needs(self) -> Needs:
+        """A processor, the prompts, rewards, a rollout engine; a reference with a KL term
+        (:class:`~reasonctl.core.protocols.DeclaresNeeds`)."""
+        return Needs(rewards=True, rollout_engine=True, reference_model=self.kl_beta > 0)
 
     def config_problems(self, config: RunConfig, *, world_size: int) -> list[str]:
         """Groups of at least two completions; prompts that split over the ranks

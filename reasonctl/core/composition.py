@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from reasonctl.core.errors import ConfigError, ReasonctlError
 from reasonctl.core.protocols import (
+    DeclaresNeeds,
     Needs,
     RunContext,
     SupportsReferenceModel,
@@ -53,15 +54,17 @@ def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1) -> 
     """Check what can be known before loading anything; raise one :class:`ConfigError`.
 
     The outside world (input paths, output directory, upload URIs, device, resume path:
-    :func:`~reasonctl.core.config.preflight_problems`) and the algorithm's own view of the
-    config (its config model's :class:`~reasonctl.core.protocols.ValidatesRunConfig`), on
-    ``world_size``
+    :func:`~reasonctl.core.config.preflight_problems`; the data format's paths when the
+    algorithm's config model declares :class:`~reasonctl.core.protocols.Needs` with a
+    dataset, or declares none) and the algorithm's own view of the config (its config
+    model's :class:`~reasonctl.core.protocols.ValidatesRunConfig`) on ``world_size``
     data-parallel ranks.
     """
     from reasonctl.core.config import preflight_problems
 
-    problems = preflight_problems(config, registry)
     options = config.component_config("algorithm", config.algorithm.name)
+    needs = options.needs() if isinstance(options, DeclaresNeeds) else Needs()
+    problems = preflight_problems(config, registry, reads_data=needs.dataset)
     if isinstance(options, ValidatesRunConfig):
         problems += options.config_problems(config, world_size=world_size)
     if problems:

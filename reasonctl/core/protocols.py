@@ -129,10 +129,17 @@ class Needs:
 
 @runtime_checkable
 class DeclaresNeeds(Protocol):
-    """Optional for algorithms: which parts of the run they use (default: :class:`Needs()`)."""
+    """Optional for algorithms or their config models: which parts of the run they use
+    (default: :class:`Needs()`).
+
+    Declare it on the **config model** where you can: it is known before anything is built,
+    so ``reasonctl config validate`` checks only what the run will use (for instance no
+    data paths for an algorithm that reads no dataset). An algorithm's own ``needs()``, if
+    it has one, takes precedence when the run is composed.
+    """
 
     def needs(self) -> Needs:
-        """The parts to build; called once, after the algorithm is built, before ``setup``."""
+        """The parts to build; the runner asks once, before building any part."""
         ...
 
 
@@ -519,16 +526,18 @@ PROTOCOLS: dict[str, type] = {
 # --- optional capabilities with their defaults --------------------------------------------------
 
 
-def algorithm_needs(algorithm: Algorithm) -> Needs:
-    """What ``algorithm`` asks the runner to build (:class:`Needs()` by default)."""
-    if isinstance(algorithm, DeclaresNeeds):
-        needs = algorithm.needs()
-        if not isinstance(needs, Needs):
-            raise TypeError(
-                f"{type(algorithm).__name__}.needs() returned {type(needs).__name__}; return a "
-                "reasonctl.Needs(...)"
-            )
-        return needs
+def algorithm_needs(algorithm: Algorithm, options: Any = None) -> Needs:
+    """What ``algorithm`` (with its config model instance ``options``) asks the runner to
+    build: the algorithm's ``needs()``, else its config model's, else :class:`Needs()`."""
+    for declarer in (algorithm, options):
+        if isinstance(declarer, DeclaresNeeds):
+            needs = declarer.needs()
+            if not isinstance(needs, Needs):
+                raise TypeError(
+                    f"{type(declarer).__name__}.needs() returned {type(needs).__name__}; return "
+                    "a reasonctl.Needs(...)"
+                )
+            return needs
     return Needs()
 
 

@@ -133,7 +133,7 @@ def run(config: RunConfig, *, host: PluginHost, progress: bool = True) -> RunRes
         ctx.info(f"warning: {record.error} (skipped; see `reasonctl plugins`)")
     backend = ctx.backend = build_backend(ctx)
     algorithm = build_algorithm(ctx)
-    needs = algorithm_needs(algorithm)
+    needs = algorithm_needs(algorithm, config.component_config("algorithm", config.algorithm.name))
     loggers: list[Logger] = []
     status, error = "failed", None
     result = RunResult(status="failed", output_dir=output_dir, steps=0)

@@ -41,21 +41,24 @@ _BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 HUB_REPO_TYPES = ("datasets", "spaces", "models")
 
 
-def check_preflight(config: RunConfig, registry: Registry) -> None:
+def check_preflight(config: RunConfig, registry: Registry, *, reads_data: bool = True) -> None:
     """Raise :class:`ConfigError` listing every :func:`preflight_problems` entry."""
-    problems = preflight_problems(config, registry)
+    problems = preflight_problems(config, registry, reads_data=reads_data)
     if problems:
         raise ConfigError(problems)
 
 
-def preflight_problems(config: RunConfig, registry: Registry) -> list[str]:
+def preflight_problems(config: RunConfig, registry: Registry, *,
+                       reads_data: bool = True) -> list[str]:
     """Every problem of ``config`` with the outside world, as ``path: message`` lines.
 
-    The algorithm's own checks (:class:`~reasonctl.core.protocols.ValidatesRunConfig`) are
-    added by :func:`reasonctl.core.composition.preflight`.
+    ``reads_data = False`` (an algorithm whose ``Needs`` ask for no dataset) leaves the
+    data format's paths unchecked. The algorithm's own checks
+    (:class:`~reasonctl.core.protocols.ValidatesRunConfig`) are added by
+    :func:`reasonctl.core.composition.preflight`.
     """
     problems: list[str] = []
-    for prefix, model, fields in _models_in_use(config, registry):
+    for prefix, model, fields in _models_in_use(config, registry, reads_data):
         problems += _input_path_problems(prefix, model, fields)
     problems += _guarded("run.output_dir", config.run.output_dir, _output_dir_problems)
     problems += _upload_problems(config.checkpoint.upload, registry)
@@ -69,9 +72,10 @@ def preflight_problems(config: RunConfig, registry: Registry) -> list[str]:
 
 
 def _models_in_use(
-    config: RunConfig, registry: Registry
+    config: RunConfig, registry: Registry, reads_data: bool
 ) -> list[tuple[str, BaseModel, dict[str, FieldInfo]]]:
-    """The built-in sections (their own fields) and the configs of the selected components."""
+    """The built-in sections (their own fields) and the configs of the selected components
+    (the data format's only when the algorithm reads a dataset)."""
     out: list[tuple[str, BaseModel, dict[str, FieldInfo]]] = []
     for name, field in RunConfig.model_fields.items():
         base: Any = field.annotation
@@ -79,7 +83,7 @@ def _models_in_use(
     selected = [
         ("algorithm", config.algorithm.name),
         ("backend", config.backend.name),
-        ("data", config.data.format),
+        *([("data", config.data.format)] if reads_data else []),
         ("rollout", config.rollout.engine),
         *(("logging", name) for name in config.logging.loggers),
         *(("storage", parse_uri(uri)[0]) for uri in config.checkpoint.upload),

@@ -37,13 +37,14 @@ def build_jsonl_dataset(
     config: JsonlConfig | None, *, ctx: RunContext | None = None
 ) -> ListDataset:
     """Chat or prompt/answer rows from JSON Lines files."""
-    from reasonctl.core.errors import DataError
+    from reasonctl.core.errors import ConfigError
     from reasonctl.data.messages import sample_from_record
     from reasonctl.data.rows import RowOptions, as_path_list, build_samples, read_json_rows
 
     config = config or JsonlConfig()
     if config.path is None:
-        raise DataError("data.jsonl.path is not set; point it at a .jsonl file")
+        raise ConfigError(["data.jsonl.path: not set; point it at a .jsonl file "
+                           "(data.format = 'jsonl')"])
     paths = as_path_list(config.path, "data.jsonl.path")
     resolvers = {path: config.resolver(path.parent, "jsonl") for path in paths}
     rows = (row for path in paths for row in read_json_rows(path))

@@ -36,12 +36,13 @@ def build_llava_dataset(
     config: LlavaConfig | None, *, ctx: RunContext | None = None
 ) -> ListDataset:
     """LLaVA-style conversations with ``<image>``/``<video>`` tags."""
-    from reasonctl.core.errors import DataError
+    from reasonctl.core.errors import ConfigError
     from reasonctl.data.rows import RowOptions, as_path_list, build_samples, read_json_rows
 
     config = config or LlavaConfig()
     if config.path is None:
-        raise DataError("data.llava.path is not set; point it at the LLaVA annotation JSON")
+        raise ConfigError(["data.llava.path: not set; point it at the LLaVA annotation JSON "
+                           "(data.format = 'llava')"])
     paths = as_path_list(config.path, "data.llava.path")
     resolvers = {path: config.resolver(path.parent, "llava") for path in paths}
     rows = (row for path in paths for row in read_json_rows(path))

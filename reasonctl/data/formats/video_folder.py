@@ -61,12 +61,13 @@ def build_video_folder_dataset(
     config: VideoFolderConfig | None, *, ctx: RunContext | None = None
 ) -> ListDataset:
     """Videos paired with caption/label files by name."""
-    from reasonctl.core.errors import DataError
+    from reasonctl.core.errors import ConfigError, DataError
     from reasonctl.data.rows import Row, RowOptions, build_samples
 
     config = config or VideoFolderConfig()
     if config.root is None:
-        raise DataError("data.video_folder.root is not set; point it at the dataset directory")
+        raise ConfigError(["data.video_folder.root: not set; point it at the dataset directory "
+                           "(data.format = 'video_folder')"])
     root = Path(config.root).expanduser().absolute()
     videos_dir, metas_dir = root / config.videos_dir, root / config.metas_dir
     for directory, key in ((videos_dir, "videos_dir"), (metas_dir, "metas_dir")):
