@@ -103,6 +103,7 @@ def run_reasonctl(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     """reasonctl's GRPO step by step; per-step metrics and memory."""
     from reasonctl.algorithms.grpo import GRPO
     from reasonctl.core.composition import compose
+    from reasonctl.core.protocols import algorithm_needs
     from reasonctl.rollout import DecodeOptions
 
     out = Path(args.out) / "run" / "grpo"
@@ -125,11 +126,12 @@ def run_reasonctl(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
                   "compile": args.compile},
         "backend": {"single": {"param_dtype": args.param_dtype}},
     })
-    algorithm = GRPO(ctx.component_config("algorithm", "grpo"))
-    compose(ctx, algorithm.needs())
-    options = decode_options(args)
-    if options != DecodeOptions():  # parts of the decode path switched off
-        ctx.engine = build_rollout_engine(ctx, options)
+    options = ctx.component_config("algorithm", "grpo")
+    algorithm = GRPO(options)
+    compose(ctx, algorithm_needs(algorithm, options))
+    decode = decode_options(args)
+    if decode != DecodeOptions():  # parts of the decode path switched off
+        ctx.engine = build_rollout_engine(ctx, decode)
     algorithm.setup(ctx)
     steps: list[dict[str, float]] = []
     for index in range(args.steps):
