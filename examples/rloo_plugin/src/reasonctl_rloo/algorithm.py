@@ -112,12 +112,12 @@ class RLOO:
         """The clipped policy loss of one micro-batch, summed over ranks to a token mean."""
 
         def loss_fn(outputs: TokenOutputs, batch: PolicyBatch) -> tuple[torch.Tensor, Metrics]:
-            device = outputs.logprobs.device
+            # the backend has moved the batch to its device
             return reasonctl.policy_loss(
                 outputs.logprobs,
-                batch["engine_logprobs"].to(device),  # the behaviour policy
-                batch["advantages"].to(device),
-                batch["loss_mask"][:, 1:].to(device),  # position t scores token t + 1
+                batch["engine_logprobs"],  # the behaviour policy
+                batch["advantages"],
+                batch["loss_mask"][:, 1:],  # position t scores token t + 1
                 self.settings,
                 num_tokens=tokens,
             )
