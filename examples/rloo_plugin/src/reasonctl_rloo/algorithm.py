@@ -62,10 +62,6 @@ class RLOO:
             epsilon_low=config.epsilon, epsilon_high=config.epsilon
         )
 
-    def needs(self) -> reasonctl.Needs:
-        """Prompts, a processor, the reward set and a rollout engine."""
-        return reasonctl.Needs(rewards=True, rollout_engine=True)
-
     def setup(self, ctx: RunContext) -> None:
         """Seed the prompt order and set the number of steps."""
         if ctx.dataset is None or len(ctx.dataset) == 0:
@@ -79,7 +75,7 @@ class RLOO:
     def step(self, ctx: RunContext) -> Metrics:
         """Sample, score, compute advantages, update; return the step's metrics."""
         backend, dataset, processor = ctx.backend, ctx.dataset, ctx.processor
-        # the runner built these parts because needs() asked for them
+        # the runner built these parts because RLOOConfig.needs() asked for them
         assert backend is not None and dataset is not None and processor is not None
         assert ctx.engine is not None and self.sampler is not None
 

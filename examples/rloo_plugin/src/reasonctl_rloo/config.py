@@ -10,7 +10,8 @@ import reasonctl
 
 
 class RLOOConfig(BaseModel):
-    """``[algorithm.rloo]``: prompts per step, advantage scaling, the clipped update."""
+    """``[algorithm.rloo]``: prompts per step, advantage scaling, the clipped update; what
+    the run must build (``needs``) and what it must satisfy (``config_problems``)."""
 
     prompts_per_step: int = Field(
         default=8, gt=0, description="Prompts per step over all ranks (each gets rollout.n "
@@ -34,6 +35,11 @@ class RLOOConfig(BaseModel):
     mcq_layout: bool = Field(
         default=True, description="Write lettered options (meta choices) into the prompt."
     )
+
+    def needs(self) -> reasonctl.Needs:
+        """The parts of the run RLOO uses: prompts, a processor, the reward set and a rollout
+        engine (declared here, on the config, so ``config validate`` knows them too)."""
+        return reasonctl.Needs(rewards=True, rollout_engine=True)
 
     def config_problems(self, config: reasonctl.RunConfig, *, world_size: int) -> list[str]:
         """What ``reasonctl config validate`` and ``run`` report before loading anything."""
