@@ -1,0 +1,1 @@
+"""reasonctl-rloo: the RLOO algorithm as a reasonctl plugin (``--algo rloo``)."""
