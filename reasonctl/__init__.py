@@ -45,16 +45,28 @@ from reasonctl.core.plugins import PluginHost, hookimpl
 from reasonctl.core.protocols import (
     Algorithm,
     Backend,
+    CountsSkippedRows,
     Dataset,
+    DeclaresNeeds,
+    Evaluator,
     Logger,
+    LossFn,
     Needs,
     Processor,
+    ProvidesGenerationModel,
+    ReportsEfficiency,
+    ReportsMemory,
     Reward,
     RolloutEngine,
     RunContext,
+    SharesPolicyWeights,
     Storage,
+    StreamsText,
+    SupportsReferenceModel,
     TokenOutputs,
+    ValidatesRunConfig,
 )
+from reasonctl.core.registry import Registrar
 from reasonctl.core.reward_set import RewardScores, RewardSet
 from reasonctl.core.runner import RunResult
 from reasonctl.core.types import (
@@ -100,6 +112,7 @@ if TYPE_CHECKING:
     from reasonctl.data.processing import ChatProcessor, EncodedSample, collate
     from reasonctl.data.prompting import layout_mcq
     from reasonctl.evaluation.scoring import EvalReport, score_samples
+    from reasonctl.models.loading import resolve_model_source
 
 _LAZY: dict[str, str] = {
     # RL building blocks (torch)
@@ -129,6 +142,8 @@ _LAZY: dict[str, str] = {
     "EncodedSample": "reasonctl.data.processing",
     "collate": "reasonctl.data.processing",
     "layout_mcq": "reasonctl.data.prompting",
+    # the model's directories
+    "resolve_model_source": "reasonctl.models.loading",
     # evaluation
     "EvalReport": "reasonctl.evaluation.scoring",
     "score_samples": "reasonctl.evaluation.scoring",
@@ -165,17 +180,21 @@ __all__ = [
     "ComponentUnavailableError",
     "ConfigError",
     "ContentPart",
+    "CountsSkippedRows",
     "DataError",
     "Dataset",
+    "DeclaresNeeds",
     "DuplicateComponentError",
     "EncodedSample",
     "EpochSampler",
     "EvalReport",
+    "Evaluator",
     "InputDir",
     "InputFile",
     "InputPath",
     "ListDataset",
     "Logger",
+    "LossFn",
     "Message",
     "Metrics",
     "MissingDependencyError",
@@ -187,7 +206,11 @@ __all__ = [
     "PolicyLossSettings",
     "PolicyRow",
     "Processor",
+    "ProvidesGenerationModel",
     "ReasonctlError",
+    "Registrar",
+    "ReportsEfficiency",
+    "ReportsMemory",
     "Reward",
     "RewardError",
     "RewardScores",
@@ -199,10 +222,14 @@ __all__ = [
     "RunResult",
     "Sample",
     "SamplingParams",
+    "SharesPolicyWeights",
     "Storage",
+    "StreamsText",
+    "SupportsReferenceModel",
     "TokenOutputs",
     "TrainBatch",
     "UnknownComponentError",
+    "ValidatesRunConfig",
     "__version__",
     "as_reward",
     "batched",
@@ -222,6 +249,7 @@ __all__ = [
     "policy_loss",
     "policy_rows",
     "require",
+    "resolve_model_source",
     "reward_metrics",
     "run",
     "sample_groups",

@@ -152,7 +152,7 @@ def build_reward_set(ctx: RunContext) -> RewardSet:
     """The ``[[rewards.components]]`` of the run as one weighted reward set."""
     from reasonctl.core.reward_set import RewardSet
 
-    return RewardSet.from_config(ctx.config, ctx.registry)
+    return RewardSet.from_config(ctx.config, ctx.registry, ctx=ctx)
 
 
 def build_reference_model(ctx: RunContext) -> None:

@@ -24,9 +24,10 @@ Every factory has the same signature, checked when it is registered::
     factory(config, *, ctx)      # opt-in: also receives the run's RunContext
 
 ``config`` is the validated instance of ``config_model`` (``None`` without one); ``ctx`` is
-the :class:`~reasonctl.core.protocols.RunContext` of the run (for rewards and storage built
-outside a run, e.g. by ``reasonctl rewards`` or an upload command, a context without a
-backend). The object returned must satisfy the kind's Protocol in
+the :class:`~reasonctl.core.protocols.RunContext` of the run. Outside a run (a reward scored
+by ``reasonctl rewards``-style tooling, a storage opened to upload an export, a component
+built by ``reasonctl.testing.build_component`` without a context) a factory that takes
+``ctx`` receives ``ctx=None``. The object returned must satisfy the kind's Protocol in
 :mod:`reasonctl.core.protocols`; it is checked when built. Two plugins registering one name
 for one kind make the name unavailable until one is disabled.
 

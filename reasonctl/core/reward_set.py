@@ -87,11 +87,12 @@ class RewardSet:
         self.on_error: OnError = on_error
 
     @classmethod
-    def from_config(cls, config: RunConfig, registry: Registry) -> RewardSet:
+    def from_config(cls, config: RunConfig, registry: Registry, *, ctx: Any = None) -> RewardSet:
         """Build every ``[[rewards.components]]`` entry of ``config`` with its options.
 
         Names with ``:`` are loaded with :func:`load_callable` and adapted by
-        :func:`as_reward`; other names are looked up among the registered rewards.
+        :func:`as_reward`; other names are looked up among the registered rewards, whose
+        factories receive ``ctx`` (the run's context) when they take one.
         """
         if not config.rewards.components:
             raise ConfigError(
@@ -103,7 +104,7 @@ class RewardSet:
             if is_callable_path(entry.name):
                 reward = as_reward(load_callable(entry.name), name=entry.name)
             else:
-                reward = registry.get("reward", entry.name).build(options)
+                reward = registry.get("reward", entry.name).build(options, ctx=ctx)
             terms.append(RewardTerm(entry.name, reward, entry.weight))
         return cls(terms, on_error=config.rewards.on_error)
 
