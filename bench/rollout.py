@@ -199,7 +199,8 @@ def greedy_parity(engine: Any, model: Any, prompts: list[list[int]], args: argpa
 def logprob_gap(backend: Any, prompts: list[list[int]], completions: list[Any]
                 ) -> dict[str, float]:
     """Engine log-probs of sampled tokens against the trainer's recomputation."""
-    from reasonctl.data.processing import EncodedSample, collate
+    from reasonctl.data.collate import collate
+    from reasonctl.data.processing import EncodedSample
 
     samples = [EncodedSample(p + list(c.token_ids), [0] * len(p) + [1] * len(c.token_ids))
                for p, c in zip(prompts, completions, strict=True)]

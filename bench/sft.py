@@ -101,7 +101,8 @@ def run_reasonctl(model_dir: Path, data: list[list[int]], args: argparse.Namespa
                   variant: str) -> dict[str, Any]:
     """reasonctl's single backend: one micro-batch of ``--batch`` rows per step."""
     from bench.common import reasonctl_backend
-    from reasonctl.data.processing import EncodedSample, collate
+    from reasonctl.data.collate import collate
+    from reasonctl.data.processing import EncodedSample
 
     options = VARIANTS[variant]
     backend, ctx = reasonctl_backend(model_dir, Path(args.out) / "run" / variant, values={

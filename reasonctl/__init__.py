@@ -108,8 +108,9 @@ if TYPE_CHECKING:
         sync_engine_weights,
     )
     from reasonctl.algorithms.sampling import BatchLayout, EpochSampler
+    from reasonctl.data.collate import collate
     from reasonctl.data.datasets import ListDataset, shard
-    from reasonctl.data.processing import ChatProcessor, EncodedSample, collate
+    from reasonctl.data.processing import ChatProcessor, EncodedSample
     from reasonctl.data.prompting import layout_mcq
     from reasonctl.evaluation.scoring import EvalReport, score_samples
     from reasonctl.models.loading import resolve_model_source
@@ -140,7 +141,7 @@ _LAZY: dict[str, str] = {
     "shard": "reasonctl.data.datasets",
     "ChatProcessor": "reasonctl.data.processing",
     "EncodedSample": "reasonctl.data.processing",
-    "collate": "reasonctl.data.processing",
+    "collate": "reasonctl.data.collate",
     "layout_mcq": "reasonctl.data.prompting",
     # the model's directories
     "resolve_model_source": "reasonctl.models.loading",

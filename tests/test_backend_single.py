@@ -19,7 +19,8 @@ from reasonctl.core.config import RunConfig
 from reasonctl.core.lifecycle import LifecycleHooks
 from reasonctl.core.plugins import PluginHost
 from reasonctl.core.protocols import RunContext
-from reasonctl.data.processing import EncodedSample, collate
+from reasonctl.data.collate import collate
+from reasonctl.data.processing import EncodedSample
 from reasonctl.models.loading import (
     ModelLoadError,
     apply_trainable_patterns,

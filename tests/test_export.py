@@ -109,7 +109,8 @@ def test_vision_language_sft_with_frozen_tower_exports_and_reloads(tmp_path: Pat
     from data_factories import write_png, write_tiny_mp4
     from transformers import AutoModelForImageTextToText
 
-    from reasonctl.data.processing import ChatProcessor, collate
+    from reasonctl.data.collate import collate
+    from reasonctl.data.processing import ChatProcessor
     from reasonctl.models.tiny_vl import make_tiny_qwen2_5_vl_dir
     from reasonctl.sdk.api import run as sdk_run
 

@@ -7,7 +7,8 @@ import torch
 
 from reasonctl.core.errors import DataError
 from reasonctl.core.types import ContentPart, Message, Sample
-from reasonctl.data.processing import ChatProcessor, EncodedSample, collate
+from reasonctl.data.collate import collate
+from reasonctl.data.processing import ChatProcessor, EncodedSample
 from reasonctl.models.tiny import build_tiny_tokenizer
 
 

@@ -47,7 +47,8 @@ def test_greedy_equals_transformers_generate(model: Any, tokenizer: Any,
 def test_logprobs_match_the_trainer_recomputation(model: Any, tokenizer: Any,
                                                   prompts: list[list[int]]) -> None:
     from reasonctl.backends.token_logprobs import TokenLogprobModel
-    from reasonctl.data.processing import EncodedSample, collate
+    from reasonctl.data.collate import collate
+    from reasonctl.data.processing import EncodedSample
 
     engine = HFRolloutEngine(model, tokenizer)
     params = SamplingParams(n=2, temperature=0.7, top_p=0.9, top_k=50, max_new_tokens=20, seed=1)

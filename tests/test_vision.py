@@ -8,7 +8,8 @@ import torch
 
 from reasonctl.core.errors import DataError
 from reasonctl.core.types import ContentPart, Message, Sample
-from reasonctl.data.processing import ChatProcessor, collate
+from reasonctl.data.collate import collate
+from reasonctl.data.processing import ChatProcessor
 from reasonctl.data.vision import VisionProcessor, read_video, smart_resize
 from tests.data_factories import write_png, write_tiny_mp4
 

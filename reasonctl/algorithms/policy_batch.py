@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from reasonctl.core.types import Completion, PolicyBatch, RolloutGroup
-from reasonctl.data.processing import PER_TOKEN_EXTRAS, EncodedSample, collate
+from reasonctl.data.collate import collate
+from reasonctl.data.processing import PER_TOKEN_EXTRAS, EncodedSample
 
 if TYPE_CHECKING:
     from reasonctl.core.protocols import TokenOutputs

@@ -27,7 +27,8 @@ from reasonctl.core.protocols import (
     TokenOutputs,
 )
 from reasonctl.core.types import Metrics
-from reasonctl.data.processing import EncodedSample, collate
+from reasonctl.data.collate import collate
+from reasonctl.data.processing import EncodedSample
 
 
 class SFTAlgorithm:

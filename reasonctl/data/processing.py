@@ -3,7 +3,8 @@
 :class:`ChatProcessor` renders a :class:`~reasonctl.core.types.Sample` with the model's chat
 template and tokenizes it. For SFT only the assistant turns (their content and the token
 that ends the turn) are training targets; for RL and evaluation it encodes the prompt with
-the generation prompt appended. :func:`collate` pads or packs encoded samples into tensors.
+the generation prompt appended; :func:`reasonctl.data.collate.collate` pads or packs encoded
+samples into tensors.
 
 Convention shared with the backends: the log-prob at position ``t`` predicts
 ``input_ids[t + 1]``, so a loss uses ``loss_mask[:, 1:]``; ``loss_mask[t] == 1`` means
@@ -389,77 +390,6 @@ class ChatProcessor:
                 "and the cut would split image/video tokens; raise model.max_length or lower "
                 "the media's max_pixels/fps"
             )
-
-
-def collate(
-    samples: Sequence[EncodedSample], pad_id: int, *, pack: bool = False
-) -> dict[str, torch.Tensor]:
-    """Batch encoded samples into tensors.
-
-    Unpacked: ``input_ids``, ``attention_mask`` and ``loss_mask`` of shape ``[B, T]``,
-    right-padded to the longest sample. Packed: the samples are concatenated into one row:
-    ``input_ids``, ``position_ids`` (restarting at 0 for every sample) and ``loss_mask`` of
-    shape ``[1, N]`` and no ``attention_mask``; transformers then derives per-sample causal
-    attention from the restarting ``position_ids``. The forward pass must get
-    ``use_cache=False``: with a cache object transformers skips that detection and the
-    samples would attend to each other. The first token of each sample is never a target,
-    so no position learns to predict across a sample boundary.
-
-    Vision ``extras`` are concatenated along dimension 0 (in sample order, packed or
-    not); per-token extras (``mm_token_type_ids``) are laid out like ``input_ids`` (zeros
-    for padding and for text-only samples). Every key except ``loss_mask`` is a model
-    input. A packed row with images or videos keeps text ``position_ids``; the model's 3D
-    rotary positions are derived per sample when it runs
-    (:mod:`reasonctl.models.packed_positions`).
-    """
-    if not samples:
-        raise ValueError("collate() needs at least one sample")
-    if pack:
-        input_ids: list[int] = []
-        position_ids: list[int] = []
-        loss_mask: list[int] = []
-        for sample in samples:
-            input_ids += sample.input_ids
-            position_ids += range(len(sample.input_ids))
-            loss_mask += [0, *sample.loss_mask[1:]] if sample.loss_mask else []
-        packed = {
-            "input_ids": torch.tensor([input_ids], dtype=torch.long),
-            "position_ids": torch.tensor([position_ids], dtype=torch.long),
-            "loss_mask": torch.tensor([loss_mask], dtype=torch.long),
-        }
-        for key in sorted({k for s in samples for k in s.extras if k in PER_TOKEN_EXTRAS}):
-            packed[key] = torch.cat([
-                s.extras[key] if key in s.extras
-                else torch.zeros(len(s.input_ids), dtype=torch.long)
-                for s in samples
-            ]).unsqueeze(0)
-        return {**packed, **_stacked_extras(samples)}
-    width = max(len(s.input_ids) for s in samples)
-    shape = (len(samples), width)
-    batch = {
-        "input_ids": torch.full(shape, pad_id, dtype=torch.long),
-        "attention_mask": torch.zeros(shape, dtype=torch.long),
-        "loss_mask": torch.zeros(shape, dtype=torch.long),
-    }
-    per_token = sorted({k for s in samples for k in s.extras if k in PER_TOKEN_EXTRAS})
-    for key in per_token:
-        batch[key] = torch.zeros(shape, dtype=torch.long)
-    for row, sample in enumerate(samples):
-        length = len(sample.input_ids)
-        batch["input_ids"][row, :length] = torch.tensor(sample.input_ids, dtype=torch.long)
-        batch["attention_mask"][row, :length] = 1
-        batch["loss_mask"][row, :length] = torch.tensor(sample.loss_mask, dtype=torch.long)
-        for key in per_token:
-            if key in sample.extras:
-                batch[key][row, :length] = sample.extras[key]
-    return {**batch, **_stacked_extras(samples)}
-
-
-def _stacked_extras(samples: Sequence[EncodedSample]) -> dict[str, torch.Tensor]:
-    """Vision extras of every sample concatenated along dimension 0, in sample order."""
-    keys = sorted({k for s in samples for k in s.extras if k not in PER_TOKEN_EXTRAS})
-    return {key: torch.cat([s.extras[key] for s in samples if key in s.extras], dim=0)
-            for key in keys}
 
 
 def _where(sample: Sample) -> str:

@@ -23,7 +23,10 @@ data by them; the ranks of one tensor/pipeline group get the same share, and the
 uses the batches of the group's first rank on all of them), ``is_main`` is global rank 0.
 
 Megatron-core runs on CUDA only (its schedules, gradient buffers and RNG tracker allocate
-on the current CUDA device).
+on the current CUDA device). This module is the whole ``Backend`` protocol for megatron
+(longer than our usual module: set-up, the schedule-driven step, checkpoints and the
+gathers for export and rollout share the parallel state built here); batching, log-probs,
+weight conversion and checkpoint layout are in the sibling modules.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Hugging Face <-> Megatron-core weights for Qwen2 / Qwen2.5 / Qwen3 / Llama-family models.
 
 Pure tensor mapping: nothing here imports megatron, so the layout is testable anywhere.
+Both directions live in this one module (longer than our usual module, on purpose): each
+layout rule below is written once and read by both the import and the export.
 
 Megatron names and layouts (the *local* layer spec, ``get_gpt_layer_local_spec``; ``i`` is
 the layer index local to a model chunk, ``d`` the head dim, ``g`` the KV groups)::
