@@ -61,6 +61,7 @@ from reasonctl.data.datasets import shard
 
 if TYPE_CHECKING:
     from reasonctl.algorithms.grpo_config import GRPOConfig
+    from reasonctl.async_rl.feed import RolloutFeed
     from reasonctl.core.protocols import Backend, Dataset, Processor, RunContext, TokenOutputs
     from reasonctl.core.types import PolicyBatch
 
@@ -75,6 +76,7 @@ class _Rollout:
     generated_tokens: int = 0
     generate_seconds: float = 0.0
     reward_seconds: float = 0.0
+    extra: Metrics = field(default_factory=dict)
 
 
 @dataclass
@@ -129,6 +131,7 @@ class GRPO:
         self.loss_settings: PolicyLossSettings | None = None
         self.temperature = 1.0
         self.micro_batch_size = 1
+        self.feed: RolloutFeed | None = None
 
     # --- Algorithm protocol ---------------------------------------------------------------
 
@@ -150,11 +153,20 @@ class GRPO:
         problems = cfg.config_problems(config, world_size=backend.world_size)
         if problems:
             raise ConfigError(problems)
+        workers = config.rollout.workers
+        behaviour_cap = None
+        if config.rollout.placement == "separate":
+            from reasonctl.async_rl.feed import RolloutFeed
+
+            self.feed = RolloutFeed(ctx, self.sampler, prompts_per_step=cfg.prompts_per_step,
+                                    mcq_layout=cfg.mcq_layout)
+            behaviour_cap = workers.importance_cap if workers.max_staleness > 0 else None
         self.loss_settings = PolicyLossSettings(
             epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
             importance_level=cfg.importance_level, loss_aggregation=cfg.loss_aggregation,
             max_tokens=config.rollout.max_new_tokens, kl_beta=cfg.kl_beta,
             kl_estimator=cfg.kl_estimator, entropy_bonus=cfg.entropy_bonus,
+            behaviour_cap=behaviour_cap,
         )
 
     def step(self, ctx: RunContext) -> Metrics:
@@ -178,20 +190,32 @@ class GRPO:
             metrics["update/skipped"] = 1.0
         metrics["time/update_s"] = time.perf_counter() - update_started
         metrics["time/step_s"] = time.perf_counter() - started
+        if self.feed is not None:
+            metrics["async/trainer_idle_frac"] = metrics["time/wait_s"] / metrics["time/step_s"]
         return backend.all_reduce_mean(metrics) if backend.world_size > 1 else metrics
 
     def state_dict(self) -> dict[str, Any]:
-        """The prompt sampler's position."""
-        return {"sampler": self.sampler.state_dict() if self.sampler is not None else None}
+        """The prompt sampler's position (and the separate workers' published batches)."""
+        state: dict[str, Any] = {
+            "sampler": self.sampler.state_dict() if self.sampler is not None else None}
+        if self.feed is not None:
+            state["feed"] = self.feed.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the prompt sampler's position."""
         if state.get("sampler") is not None and self.sampler is not None:
             self.sampler.load_state_dict(state["sampler"])
+        if self.feed is not None and state.get("feed") is not None:
+            self.feed.load_state_dict(state["feed"])
 
     # --- rollout ----------------------------------------------------------------------------
 
     def _rollout(self, ctx: RunContext) -> _Rollout:
+        if self.feed is not None:  # rollouts of separate workers
+            fed = self.feed.next_groups(ctx)
+            return _Rollout(fed.groups, list(range(len(fed.groups))), 1, fed.generated_tokens,
+                            fed.generate_seconds, fed.reward_seconds, fed.metrics)
         cfg = self.config
         backend = _backend(ctx)
         assert ctx.engine is not None
@@ -351,6 +375,8 @@ class GRPO:
             device = logprobs.device
             ref = batch.get("ref_logprobs")
             ref = ref.to(device) if ref is not None else None
+            behaviour = (batch["engine_logprobs"].to(device)
+                         if settings.behaviour_cap is not None else None)
             if on_policy:  # this forward pass sees the weights the rollout used
                 old = logprobs.detach()
                 stats.add(batch, logprobs, outputs.entropy, ref, settings.kl_estimator)
@@ -360,7 +386,7 @@ class GRPO:
                 logprobs, old, batch["advantages"].to(device),
                 batch["loss_mask"][:, 1:].to(device), settings,
                 ref_logprobs=ref, entropy=outputs.entropy,
-                num_tokens=tokens, num_sequences=sequences,
+                num_tokens=tokens, num_sequences=sequences, behaviour_logprobs=behaviour,
             )
 
         metrics = backend.train_step(
@@ -386,6 +412,7 @@ class GRPO:
             "time/rollout_s": rollout.generate_seconds,
             "time/reward_s": rollout.reward_seconds,
         })
+        metrics.update(rollout.extra)
         return metrics
 
 

@@ -86,6 +86,15 @@ class GRPOConfig(BaseModel):
         (:class:`~reasonctl.core.protocols.DeclaresNeeds`)."""
         return Needs(rewards=True, rollout_engine=True, reference_model=self.kl_beta > 0)
 
+    def separate_placement_problems(self, config: RunConfig) -> list[str]:
+        """GRPO trains on rollouts of separate workers, one prompt batch per step and rank
+        (:class:`~reasonctl.core.config.placement.SupportsSeparatePlacement`)."""
+        if self.dynamic_sampling:
+            return ["algorithm.grpo.dynamic_sampling: not available with rollout.placement = "
+                    "'separate' (each step trains on the batch published for it); turn it off "
+                    "or use rollout.placement = 'colocated'"]
+        return []
+
     def config_problems(self, config: RunConfig, *, world_size: int) -> list[str]:
         """Groups of at least two completions; prompts that split over the ranks
         (:class:`~reasonctl.core.protocols.ValidatesRunConfig`)."""

@@ -12,7 +12,11 @@ Knobs and the papers they come from:
 - token-level or sequence-level importance ratio (GSPO: ``level="sequence"``);
 - loss aggregation: ``token-mean`` (DAPO), ``seq-mean-token-mean`` (original GRPO) and
   ``seq-mean-token-sum-norm`` (Dr.GRPO: token sums divided by a constant);
-- the k1/k2/k3 KL estimators (Schulman, "Approximating KL divergence").
+- the k1/k2/k3 KL estimators (Schulman, "Approximating KL divergence");
+- decoupled PPO for rollouts of an older policy (Hilton et al., "Batch size-invariance for
+  policy optimization"): the clipped ratio is taken against the proximal (old) policy and
+  each token is weighted by the truncated importance weight ``min(pi_old / pi_behaviour,
+  cap)`` of the policy that generated it.
 """
 
 from __future__ import annotations
@@ -155,6 +159,9 @@ class PolicyLossSettings:
     kl_beta: float = 0.0
     kl_estimator: KLEstimator = "k3"
     entropy_bonus: float = 0.0
+    behaviour_cap: float | None = None
+    """With rollouts of an older (behaviour) policy: the cap of the per-token importance
+    weight ``pi_old / pi_behaviour``; ``None`` when the rollout policy is the old policy."""
 
 
 def policy_loss(
@@ -168,11 +175,15 @@ def policy_loss(
     entropy: torch.Tensor | None = None,
     num_tokens: float | None = None,
     num_sequences: float | None = None,
+    behaviour_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped-surrogate loss with optional KL penalty and entropy bonus.
 
     Per token: ``max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))`` where ``r`` is the
-    importance ratio of :func:`importance_log_ratio`; plus ``kl_beta * KL`` when
+    importance ratio of :func:`importance_log_ratio`; with ``behaviour_logprobs`` and
+    ``settings.behaviour_cap`` that term is multiplied by the constant
+    ``min(exp(old - behaviour), behaviour_cap)`` (metrics ``is_weight/mean`` and
+    ``is_weight/capped_frac``); plus ``kl_beta * KL`` when
     ``ref_logprobs`` is given, minus ``entropy_bonus * entropy`` when ``entropy`` is given;
     aggregated with :func:`aggregate`. Returns the loss and metrics (masked token means):
     ``loss/policy``, ``clip_frac/low`` (ratio below ``1 - eps_low`` with ``A < 0``, the
@@ -187,6 +198,14 @@ def policy_loss(
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - s.epsilon_low, 1.0 + s.epsilon_high)
     per_token = torch.maximum(unclipped, clipped)
+    behaviour_weight = None
+    if behaviour_logprobs is not None and s.behaviour_cap is not None:
+        with torch.no_grad():
+            raw = torch.exp((old_logprobs - behaviour_logprobs)
+                            .clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+            behaviour_weight = raw.clamp(max=s.behaviour_cap)
+            capped = (raw > s.behaviour_cap).to(mask_f.dtype)
+        per_token = per_token * behaviour_weight
 
     def agg(values: torch.Tensor) -> torch.Tensor:
         return aggregate(
@@ -210,6 +229,9 @@ def policy_loss(
         "clip_frac/high": token_mean(high),
         "ratio/mean": token_mean(ratio),
     }
+    if behaviour_weight is not None:
+        metrics["is_weight/mean"] = token_mean(behaviour_weight)
+        metrics["is_weight/capped_frac"] = token_mean(capped)
     if ref_logprobs is not None:
         kl = kl_estimate(logprobs, ref_logprobs, s.kl_estimator)
         metrics["kl"] = token_mean(kl)

@@ -5,8 +5,8 @@ The runner (:mod:`reasonctl.core.runner`) is the only composer of a training run
 is built one way everywhere: the backend, the model source, the chat processor, the
 dataset (seen through :class:`~reasonctl.data.datasets.DatasetView`, which applies the
 ``[data]`` prompt options), the reward set, the reference model, the rollout engine (with
-its ``[rollout.<engine>]`` section) and the evaluator. Heavy packages are imported inside
-the functions that need them.
+its ``[rollout.<engine>]`` section) or the separate rollout workers, and the evaluator.
+Heavy packages are imported inside the functions that need them.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reasonctl.core.config.placement import placement_problems
 from reasonctl.core.errors import ConfigError, ReasonctlError
 from reasonctl.core.protocols import (
     DeclaresNeeds,
@@ -67,6 +68,7 @@ def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1) -> 
     problems = preflight_problems(config, registry, reads_data=needs.dataset)
     if isinstance(options, ValidatesRunConfig):
         problems += options.config_problems(config, world_size=world_size)
+    problems += placement_problems(config, options)
     if problems:
         raise ConfigError(problems)
 
@@ -100,8 +102,11 @@ def compose(ctx: RunContext, needs: Needs) -> None:
         ctx.rewards = build_reward_set(ctx)
     if needs.reference_model:
         build_reference_model(ctx)
-    if needs.rollout_engine or periodic_eval:
+    separate = ctx.config.rollout.placement == "separate"
+    if (needs.rollout_engine and not separate) or periodic_eval:
         ctx.engine = build_rollout_engine(ctx)
+    if needs.rollout_engine and separate:
+        ctx.rollout_workers = build_rollout_workers(ctx)
     if periodic_eval:
         ctx.evaluator = build_evaluator(ctx)
 
@@ -170,6 +175,14 @@ def build_reference_model(ctx: RunContext) -> None:
 def build_rollout_engine(ctx: RunContext) -> RolloutEngine:
     """The engine named by ``rollout.engine``, with its ``[rollout.<engine>]`` section."""
     return build_component(ctx, "rollout_engine", "rollout", ctx.config.rollout.engine)
+
+
+def build_rollout_workers(ctx: RunContext) -> Any:
+    """The run's separate rollout workers (``rollout.placement = "separate"``): Redis,
+    worker processes and weight publishing, see :mod:`reasonctl.async_rl.pool`."""
+    from reasonctl.async_rl.pool import RolloutWorkers
+
+    return RolloutWorkers.start(ctx)
 
 
 def build_evaluator(ctx: RunContext) -> Evaluator:

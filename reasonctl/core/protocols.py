@@ -61,8 +61,9 @@ class RunContext:
 
     The runner fills the parts in this order: ``backend`` (then ``backend.setup(ctx)``),
     ``model_source``, then what the algorithm's :class:`Needs` ask for: ``processor``,
-    ``dataset``, ``rewards``, the reference model (inside the backend), ``engine``; and
-    ``evaluator`` when ``[eval]`` asks for periodic evaluation. A part the algorithm did not
+    ``dataset``, ``rewards``, the reference model (inside the backend), ``engine`` (or, with
+    ``rollout.placement = "separate"``, ``rollout_workers``); and ``evaluator`` when
+    ``[eval]`` asks for periodic evaluation. A part the algorithm did not
     ask for is ``None``. Algorithms set ``total_steps`` in ``setup``; the runner advances
     ``step`` after each :meth:`Algorithm.step`.
 
@@ -82,6 +83,9 @@ class RunContext:
     rewards: RewardSet | None = None
     engine: RolloutEngine | None = None
     evaluator: Evaluator | None = None
+    rollout_workers: Any = None
+    """With ``rollout.placement = "separate"``: the run's connection to its rollout workers
+    (:class:`reasonctl.async_rl.pool.RolloutWorkers`), built by the runner."""
     checkpoints: CheckpointManager | None = None
     total_steps: int = 0
     step: int = 0

@@ -177,6 +177,8 @@ def run(config: RunConfig, *, host: PluginHost, progress: bool = True) -> RunRes
             result.upload_failures = uploader.finish()
         for logger in loggers:
             logger.close()
+        if ctx.rollout_workers is not None:
+            ctx.rollout_workers.close(result.status)
         host.hooks.on_run_end(ctx, result.status, error)
         backend.close()
     return result

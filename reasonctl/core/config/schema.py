@@ -124,10 +124,21 @@ class BackendSection(Section):
         return device
 
 
+# after Section: the placement module builds on it
+from reasonctl.core.config.placement import Placement, RolloutWorkersSection  # noqa: E402
+
+
 class RolloutSection(Section):
-    """``[rollout]``: sampling for RL and evaluation; engine keys in ``[rollout.<engine>]``."""
+    """``[rollout]``: sampling for RL and evaluation; engine keys in ``[rollout.<engine>]``,
+    separate rollout workers in ``[rollout.workers]``."""
 
     engine: str = Field(default="hf", min_length=1)
+    placement: Placement = Field(
+        default="colocated",
+        description="colocated: generate in the trainer processes. separate: rollout "
+        "workers on their own devices, connected through Redis ([rollout.workers]).",
+    )
+    workers: RolloutWorkersSection = Field(default_factory=RolloutWorkersSection)
     n: int = Field(default=8, gt=0)
     temperature: float = Field(default=1.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)

@@ -1,0 +1,210 @@
+"""A rollout worker: pulls prompt batches from Redis, generates, pushes rollouts back.
+
+Started by ``reasonctl run`` for ``rollout.workers.count`` workers on the trainer's node, or
+by hand on any node with ``reasonctl worker rollout --redis URL --run ID``. It reads the
+run's model, rollout, backend and storage settings from Redis (the trainer stored them),
+builds the configured rollout engine on its own device, and then, until the run is done:
+
+1. takes over a prompt batch whose worker died (the janitor: ``XAUTOCLAIM`` of entries
+   nobody refreshed for ``heartbeat_ttl_s``), else waits for a new one (``XREADGROUP``);
+   a batch delivered more than ``max_deliveries`` times goes to the dead-letter stream;
+2. fetches the newest staged weights when they differ from its own (a worker that joins
+   mid-run starts with the current weights);
+3. samples ``rollout.n`` completions per prompt with the batch's seed and appends them,
+   stamped with its weight version, to the trainer rank's stream while acknowledging the
+   batch in one transaction. An exception is recorded and the batch is left to be
+   redelivered (to this or another worker).
+
+A heartbeat thread keeps the worker's TTL key alive and refreshes the batch in progress so
+the janitor leaves it alone. The worker ends when the run is marked done, or when the
+trainer's heartbeat has been gone for ``wait_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import tomllib
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reasonctl.algorithms.rollouts import sampling_params
+from reasonctl.async_rl.messages import PromptBatch, RolloutBatch, WeightVersion
+from reasonctl.async_rl.transport import Entry, Transport
+from reasonctl.async_rl.weight_sync import WeightReceiver, receiver_for, version_of
+from reasonctl.backends.distributed import resolve_device
+from reasonctl.core.errors import ConfigError, ReasonctlError
+from reasonctl.core.protocols import RunContext
+
+if TYPE_CHECKING:
+    from reasonctl.core.config import RunConfig
+    from reasonctl.core.plugins import PluginHost
+
+WORKER_SECTIONS = ("run", "model", "backend", "rollout", "storage")
+"""The parts of the run's config a worker uses (the trainer alone reads data and scores)."""
+
+
+def default_name() -> str:
+    """``<host>-<pid>``."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def worker_config(text: str, overrides: list[str], device: str, host: PluginHost) -> RunConfig:
+    """The run's config (TOML from Redis) as a worker sees it: its sections of
+    :data:`WORKER_SECTIONS`, ``backend.device = device``, then ``overrides``."""
+    from reasonctl.core.config import load_config
+
+    data = tomllib.loads(text)
+    values = {k: v for k, v in data.items() if k in WORKER_SECTIONS}
+    values.setdefault("backend", {})["device"] = device
+    return load_config(overrides=overrides, values=values, registry=host.registry)
+
+
+class RolloutWorker:
+    """One rollout replica of a run (see the module docstring)."""
+
+    def __init__(self, transport: Transport, ctx: RunContext, engine: Any, *, name: str) -> None:
+        self.transport = transport
+        self.ctx = ctx
+        self.engine = engine
+        self.name = name
+        self.settings = ctx.config.rollout.workers
+        self.device = resolve_device(ctx.config.backend.device)
+        self.version: WeightVersion | None = None
+        self.receiver: WeightReceiver | None = None
+        self.mechanism = ""
+        self.current: str | None = None
+        self.batches = 0
+        self._stop = threading.Event()
+
+    @classmethod
+    def join(cls, url: str, run_id: str, *, host: PluginHost, device: str = "auto",
+             name: str | None = None, overrides: list[str] | None = None,
+             connect_timeout_s: float = 10.0) -> RolloutWorker:
+        """Connect to run ``run_id`` at ``url`` and build the engine on ``device``."""
+        from reasonctl.core.composition import build_rollout_engine
+        from reasonctl.models.loading import ensure_model_source
+
+        transport = Transport.open(url, run_id, timeout_s=connect_timeout_s)
+        if not transport.exists():
+            raise ConfigError([f"--run: no run {run_id!r} in Redis at {url}; the trainer prints "
+                               "the run id when it starts (and keeps it in "
+                               "<output_dir>/rollout_workers.json)"])
+        config = worker_config(transport.config_text(), list(overrides or []), device, host)
+        ctx = RunContext(config=config, registry=host.registry, hooks=host.hooks,
+                         output_dir=Path(config.run.output_dir))
+        ensure_model_source(ctx)
+        engine = build_rollout_engine(ctx)
+        return cls(transport, ctx, engine, name=name or default_name())
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> str:
+        """Serve prompt batches until the run ends; return why it ended."""
+        beat = threading.Thread(target=self._beat, name="worker-heartbeat", daemon=True)
+        self.transport.beat("worker", self.name, self.settings.heartbeat_ttl_s)
+        beat.start()
+        trainer_seen = time.monotonic()
+        _log(f"worker {self.name} joined run {self.transport.run_id} on "
+             f"{self.ctx.config.backend.device}")
+        try:
+            while True:
+                state = self.transport.state()
+                if state != "running":
+                    return f"run {state}"
+                now = time.monotonic()
+                if self.transport.trainer_alive():
+                    trainer_seen = now
+                elif now - trainer_seen > self.settings.wait_timeout_s:
+                    return (f"no trainer for {self.settings.wait_timeout_s:g}s "
+                            "(rollout.workers.wait_timeout_s)")
+                entry = self._next_entry()
+                if entry is not None:
+                    self._serve(entry)
+        finally:
+            self._stop.set()
+            if self.receiver is not None:
+                self.receiver.close()
+
+    def _next_entry(self) -> Entry | None:
+        ttl_ms = int(self.settings.heartbeat_ttl_s * 1000)
+        entry = self.transport.reclaim_prompt(self.name, min_idle_ms=ttl_ms)
+        if entry is not None:
+            _log(f"took over prompt batch {entry.id} (delivery {entry.deliveries})")
+        else:
+            entry = self.transport.read_prompt(self.name, block_ms=1000)
+        if entry is not None and entry.deliveries > self.settings.max_deliveries:
+            self.transport.dead_letter(entry, f"delivered {entry.deliveries} times, more than "
+                                              "rollout.workers.max_deliveries")
+            return None
+        return entry
+
+    def _serve(self, entry: Entry) -> None:
+        self.current = entry.id
+        try:
+            batch = PromptBatch.from_fields(entry.fields)
+            sync_ms = self._sync()
+            assert self.version is not None
+            started = time.perf_counter()
+            params = sampling_params(self.ctx.config, seed=batch.seed)
+            completions = self.engine.generate(batch.prompts, params)
+            result = RolloutBatch(step=batch.step, rank=batch.rank, attempt=batch.attempt,
+                                  version=self.version, worker=self.name,
+                                  completions=completions, deliveries=entry.deliveries,
+                                  generate_s=time.perf_counter() - started, sync_ms=sync_ms)
+            self.transport.complete_prompt(entry.id, batch.rank, result.to_fields())
+            self.batches += 1
+            _log(f"batch {batch.batch_id}: {result.tokens} tokens in {result.generate_s:.2f}s "
+                 f"with weights {self.version.as_text()}"
+                 + (f" (fetched in {sync_ms:.0f} ms)" if sync_ms else ""))
+        except ReasonctlError:
+            raise
+        except Exception as exc:
+            text = "".join(traceback.format_exception(exc))
+            _log(f"prompt batch {entry.id} failed; it will be delivered again:\n{text}")
+            self.transport.record_error(entry.id, text)
+        finally:
+            self.current = None
+
+    def _sync(self) -> float:
+        """Fetch the newest staged weights unless this worker has them; milliseconds."""
+        deadline = time.monotonic() + self.settings.wait_timeout_s
+        info = self.transport.weights()
+        while version_of(info) is None:
+            if time.monotonic() > deadline:
+                raise ReasonctlError("the trainer staged no weights within "
+                                     f"{self.settings.wait_timeout_s:g}s")
+            time.sleep(0.2)
+            info = self.transport.weights()
+        if version_of(info) == self.version:
+            return 0.0
+        started = time.perf_counter()
+        if self.receiver is None or info.get("mechanism") != self.mechanism:
+            if self.receiver is not None:
+                self.receiver.close()
+            self.mechanism = info.get("mechanism", "")
+            self.receiver = receiver_for(info, self.transport, name=self.name,
+                                         device=self.device,
+                                         timeout_s=self.settings.sync_timeout_s)
+        version, tensors = self.receiver.fetch(info)
+        self.engine.update_weights(iter(tensors))
+        self.version = version
+        return (time.perf_counter() - started) * 1000
+
+    def _beat(self) -> None:
+        ttl = self.settings.heartbeat_ttl_s
+        while not self._stop.wait(ttl / 4):
+            try:
+                self.transport.beat("worker", self.name, ttl)
+                current = self.current
+                if current is not None:
+                    self.transport.keep_alive(self.name, current)
+            except ReasonctlError as exc:
+                _log(f"heartbeat failed: {exc}")
+
+
+def _log(message: str) -> None:
+    print(f"[rollout worker] {message}", flush=True)
