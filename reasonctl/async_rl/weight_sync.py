@@ -188,6 +188,7 @@ class FilePublisher:
         self.directory = directory
         self.wire_dtype = wire_dtype
         self.keep = keep
+        self.written: list[Path] = []
         directory.mkdir(parents=True, exist_ok=True)
 
     def stage(self, tensors: Iterable[tuple[str, torch.Tensor]],
@@ -211,15 +212,10 @@ class FilePublisher:
         size = final.stat().st_size
         self.transport.set_weights({"mechanism": self.mechanism, "version": version.as_text(),
                                     "path": str(final), "bytes": str(size)})
-        self._prune(final)
+        self.written.append(final)
+        while len(self.written) > self.keep:  # a slow reader has its file open: unlink is safe
+            self.written.pop(0).unlink(missing_ok=True)
         return StageStats((time.perf_counter() - started) * 1000, size)
-
-    def _prune(self, newest: Path) -> None:
-        files = sorted(self.directory.glob("weights-*.safetensors"),
-                       key=lambda p: p.stat().st_mtime)
-        for old in files[: max(0, len(files) - self.keep)]:
-            if old != newest:
-                old.unlink(missing_ok=True)
 
     def close(self) -> None:
         """Nothing to release (files stay for a resumed run's workers until replaced)."""
