@@ -33,3 +33,12 @@ def redis_server(tmp_path: Path) -> Iterator[object]:
 def redis_url(redis_server: object) -> str:
     """The URL of :func:`redis_server`."""
     return str(redis_server.url)  # type: ignore[attr-defined]
+
+
+def byte_parity(completion: str, sample: object) -> float:
+    """A reward with spread for a random tiny model: 1 for an even number of UTF-8 bytes.
+
+    Named in configs as ``redis_support:byte_parity`` (``tests/`` is on the path of the
+    test process and of the trainers the tests start).
+    """
+    return float(len(completion.encode()) % 2 == 0)

@@ -52,7 +52,7 @@ def test_prompt_batch_and_rollouts_round_trip_exactly() -> None:
 
 
 def test_a_dead_workers_batch_is_taken_over_and_dead_lettered_after_max_deliveries(
-    redis_url: str,  # noqa: F811
+    redis_url: str,
 ) -> None:
     transport = _transport(redis_url)
     transport.publish_prompts(_prompt().to_fields())
@@ -77,7 +77,7 @@ def test_a_dead_workers_batch_is_taken_over_and_dead_lettered_after_max_deliveri
     assert transport.dead_letters(dead[0].id) == []
 
 
-def test_completing_a_batch_moves_it_to_the_ranks_stream_atomically(redis_url: str  # noqa: F811
+def test_completing_a_batch_moves_it_to_the_ranks_stream_atomically(redis_url: str
                                                                     ) -> None:
     transport = _transport(redis_url, world_size=2)
     transport.publish_prompts(_prompt(rank=1).to_fields())
@@ -97,7 +97,7 @@ def test_completing_a_batch_moves_it_to_the_ranks_stream_atomically(redis_url: s
     assert transport.read_results(1, block_ms=0, pending=True) == []
 
 
-def test_heartbeats_expire(redis_url: str) -> None:  # noqa: F811
+def test_heartbeats_expire(redis_url: str) -> None:
     transport = _transport(redis_url)
     transport.beat("worker", "w1", 0.3)
     transport.beat("worker", "w2", 5)
@@ -119,7 +119,7 @@ def test_unreachable_redis_is_a_clear_error_within_the_timeout() -> None:
     assert "hunter2" not in str(info.value) and "rollout.workers.redis_url" in str(info.value)
 
 
-def test_redis_going_away_mid_run_is_a_clear_error(redis_server) -> None:  # noqa: F811
+def test_redis_going_away_mid_run_is_a_clear_error(redis_server) -> None:
     transport = _transport(redis_server.url)
     redis_server.stop()
     started = time.monotonic()

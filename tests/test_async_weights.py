@@ -41,7 +41,7 @@ def _assert_equal(got: list[tuple[str, torch.Tensor]], want: list[tuple[str, tor
 
 
 def test_broadcast_sends_each_staged_version_and_a_silent_replica_blocks_nobody(
-    redis_url: str,  # noqa: F811
+    redis_url: str,
 ) -> None:
     from reasonctl.async_rl.broadcast_sync import BroadcastPublisher, BroadcastReceiver
 
@@ -71,7 +71,7 @@ def test_broadcast_sends_each_staged_version_and_a_silent_replica_blocks_nobody(
         publisher.close()
 
 
-def test_file_sync_writes_versions_and_keeps_the_newest(redis_url: str, tmp_path: Path  # noqa: F811
+def test_file_sync_writes_versions_and_keeps_the_newest(redis_url: str, tmp_path: Path
                                                         ) -> None:
     from reasonctl.async_rl.weight_sync import FilePublisher, FileReceiver
 
