@@ -69,7 +69,9 @@ def _ledger(url: str, run_dir: Path) -> list[dict[str, str]]:
 def colocated(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
               ) -> dict[int, dict[str, float]]:
     root = tmp_path_factory.mktemp("colocated")
-    reasonctl.run(_config(root, tiny_model_dir))
+    with pytest.MonkeyPatch.context() as patch:  # as the function-scoped runs see it
+        patch.setenv("TRITON_INTERPRET", "0")
+        reasonctl.run(_config(root, tiny_model_dir))
     return _metrics(root / "run")
 
 
