@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import socket
 import threading
 import time
@@ -88,7 +89,10 @@ class RolloutWorkers:
         redis = None
         url = settings.redis_url
         if url is None:
-            redis = LocalRedis.start(ctx.output_dir / "redis")
+            directory = ctx.output_dir / "redis"
+            if not config.run.resume:  # a new run keeps nothing of an earlier one here
+                shutil.rmtree(directory, ignore_errors=True)
+            redis = LocalRedis.start(directory)
             url = redis.url
         try:
             transport = Transport.open(url, run_id, timeout_s=settings.connect_timeout_s)
