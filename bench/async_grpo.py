@@ -118,7 +118,8 @@ def speed_settings(args: argparse.Namespace, model_dir: Path, data: Path) -> lis
         "train.lr": 1e-6, "checkpoint.every_steps": 0, "checkpoint.export_final": False,
         "logging.loggers": ["jsonl"],
     }
-    return [f"{k}={json.dumps(v)}" for k, v in values.items()]
+    reward = 'rewards.components=[{name = "bench.common:even_word_reward"}]'
+    return [f"{k}={json.dumps(v)}" for k, v in values.items()] + [reward]
 
 
 def run_cli(out: Path, config: str | None, overrides: list[str], nproc: int,
