@@ -18,6 +18,12 @@ A step of :class:`GRPO`:
    minimise :func:`~.grpo_loss.policy_loss` against the stored old log-probs, normalised by
    the mini-batch's global token or sequence count so micro-batching does not change it.
 
+With ``rollout.placement = "separate"`` the rollout of step 1 comes from separate rollout
+workers through :class:`~reasonctl.async_rl.feed.RolloutFeed` (prompts published up to
+``max_staleness`` steps ahead, rewards scored here), and with ``max_staleness > 0`` each
+token's loss is weighted by the truncated importance ratio of the policy that generated it
+(``PolicyLossSettings.behaviour_cap``).
+
 The runner builds everything a step uses (processor, dataset, reward set, rollout engine,
 reference model) from the config and hands it over in the :class:`RunContext`; the rollout
 and batch helpers are the public building blocks of :mod:`reasonctl.algorithms.rollouts`
