@@ -45,6 +45,7 @@ from reasonctl.core.plugins import PluginHost, hookimpl
 from reasonctl.core.protocols import (
     Algorithm,
     Backend,
+    Closes,
     CountsSkippedRows,
     Dataset,
     DeclaresNeeds,
@@ -176,6 +177,7 @@ __all__ = [
     "BatchLayout",
     "BrokenComponentError",
     "ChatProcessor",
+    "Closes",
     "Completion",
     "ComponentContractError",
     "ComponentUnavailableError",

@@ -79,12 +79,13 @@ class _Rollout:
 
 @dataclass
 class _PolicyStats:
-    """Per-token statistics of the policy before its update, over completion tokens."""
+    """Per-token statistics of the policy before its update, over completion tokens.
 
-    gap: float = 0.0
-    entropy_sum: float = 0.0
-    kl_sum: float = 0.0
-    tokens: float = 0.0
+    Sums stay on the device while micro-batches are added and are read once, in
+    :meth:`metrics`, so collecting them adds no host synchronisation to the update.
+    """
+
+    sums: torch.Tensor | None = None  # [gap (max), entropy, kl, tokens]
     with_kl: bool = False
 
     def add(self, batch: PolicyBatch, logprobs: torch.Tensor, entropy: torch.Tensor | None,
@@ -95,22 +96,30 @@ class _PolicyStats:
         logprobs = logprobs.detach().float()
         mask = batch["completion_mask"].to(logprobs.device)
         engine = batch["engine_logprobs"].to(logprobs.device)
-        self.gap = max(self.gap, float(((logprobs - engine).abs() * mask).max()))
-        self.tokens += float(mask.sum())
-        if entropy is not None:
-            self.entropy_sum += float((entropy.detach().float() * mask).sum())
+        zero = logprobs.new_zeros(())
+        gap = ((logprobs - engine).abs() * mask).max()
+        entropy_sum = (entropy.detach().float() * mask).sum() if entropy is not None else zero
+        kl_sum = zero
         if ref_logprobs is not None:
             kl = kl_estimate(logprobs, ref_logprobs.to(logprobs.device).float(),
                              estimator)  # type: ignore[arg-type]
-            self.kl_sum += float((kl * mask).sum())
+            kl_sum = (kl * mask).sum()
             self.with_kl = True
+        step = torch.stack([gap, entropy_sum, kl_sum, mask.sum()])
+        if self.sums is None:
+            self.sums = step
+        else:
+            self.sums = torch.cat([torch.maximum(self.sums[:1], step[:1]),
+                                   self.sums[1:] + step[1:]])
 
     def metrics(self) -> Metrics:
         """``rollout/logprob_gap``, ``entropy`` and (with a reference) ``kl``."""
-        count = max(self.tokens, 1.0)
-        out: Metrics = {"rollout/logprob_gap": self.gap, "entropy": self.entropy_sum / count}
+        gap, entropy_sum, kl_sum, tokens = self.sums.tolist() if self.sums is not None \
+            else (0.0, 0.0, 0.0, 0.0)
+        count = max(tokens, 1.0)
+        out: Metrics = {"rollout/logprob_gap": gap, "entropy": entropy_sum / count}
         if self.with_kl:
-            out["kl"] = self.kl_sum / count
+            out["kl"] = kl_sum / count
         return out
 
 

@@ -137,7 +137,7 @@ class TorchBackend:
         policy.train()
         lr = float(optimizer.param_groups[0]["lr"])
         loss_total = torch.zeros((), dtype=torch.float64, device=self.device)
-        metric_sums: dict[str, float] = {}
+        metric_sums: dict[str, Any] = {}
         for micro_batch in micro_batches:
             batch = self.to_device(micro_batch)
             with self.autocast():
@@ -145,20 +145,35 @@ class TorchBackend:
             loss, metrics = loss_fn(outputs, batch)
             (loss * self.grad_scale).backward()
             loss_total += loss.detach().to(torch.float64)
-            for key, value in metrics.items():
-                metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
+            for key, value in metrics.items():  # tensors stay on the device until the end
+                value = value.detach() if isinstance(value, torch.Tensor) else value
+                metric_sums[key] = metric_sums.get(key, 0.0) + value
         grad_norm = self.clip_gradients()
-        finite = bool(torch.isfinite(grad_norm))
-        if finite:
+        finite = torch.isfinite(grad_norm)
+        skips_on_device = _skips_on_device(optimizer)
+        if skips_on_device:  # the fused step skips itself when found_inf is set: no host sync
+            optimizer.found_inf = (~finite).float().reshape(1)  # type: ignore[attr-defined]
+            optimizer.step()
+            del optimizer.found_inf  # type: ignore[attr-defined]
+        elif bool(finite):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
+        # one host read per step for everything the metrics need
+        keys = list(metric_sums)
+        values = torch.stack(
+            [loss_total.float(), grad_norm.detach().float().to(loss_total.device),
+             finite.float().to(loss_total.device)]
+            + [torch.as_tensor(metric_sums[k], dtype=torch.float32, device=loss_total.device)
+               for k in keys]
+        ).tolist()
+        loss_value, norm_value, finite_value = values[:3]
         count = len(micro_batches)
-        local = {k: v / count for k, v in metric_sums.items()}
-        local["loss"] = float(loss_total) * self.world_size  # the mean over ranks = sum / world
+        local = {k: v / count for k, v in zip(keys, values[3:], strict=True)}
+        local["loss"] = loss_value * self.world_size  # the mean over ranks = sum / world
         reduced = self.all_reduce_mean(local)
-        reduced.update(grad_norm=float(grad_norm), lr=lr)
-        if not finite:
+        reduced.update(grad_norm=norm_value, lr=lr)
+        if not finite_value:
             reduced["skipped_update"] = 1.0
         return reduced
 
@@ -179,7 +194,7 @@ class TorchBackend:
             squares = squares + part.float().pow(2)
         norm = squares.sqrt()
         max_norm = self._ctx().config.train.max_grad_norm
-        if max_norm > 0 and torch.isfinite(norm):
+        if max_norm > 0:  # a non-finite norm skips the whole step, so clipping it is harmless
             for group in by_mesh.values():
                 torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
         return norm
@@ -324,3 +339,11 @@ def _single_process_dcp_quiet() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NO_PROCESS_GROUP_NOTICE)
         yield
+
+
+def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` is a fused CUDA optimizer that honours ``found_inf`` (as for
+    gradient scaling), so a non-finite step can be skipped without reading the norm."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and all(
+        group.get("fused", False) for group in optimizer.param_groups
+    )

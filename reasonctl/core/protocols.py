@@ -144,6 +144,17 @@ class DeclaresNeeds(Protocol):
 
 
 @runtime_checkable
+class Closes(Protocol):
+    """Optional for algorithms and rollout engines: release what they hold (worker threads,
+    server processes, device memory) when the run ends, whatever its outcome (default:
+    nothing to release)."""
+
+    def close(self) -> None:
+        """Release resources; called once by the runner at the end of the run."""
+        ...
+
+
+@runtime_checkable
 class ValidatesRunConfig(Protocol):
     """Optional for an algorithm's config model: problems of the whole run config that the
     algorithm can tell before any model or data is loaded (default: none), e.g. SFT's
@@ -253,7 +264,9 @@ LossFn = Callable[[TokenOutputs, Any], "tuple[torch.Tensor, Metrics]"]
 :meth:`Backend.train_step`, moved to the backend's device. The backend sums the returned
 losses over all micro-batches and ranks, so a loss function normalises by the *global*
 count it needs (e.g. all loss tokens in the step), which the algorithm computes before
-calling :meth:`Backend.train_step`.
+calling :meth:`Backend.train_step`. Metric values may be floats or 0-dim tensors: tensors
+stay on the device and are read with the step's other numbers in one host transfer, so a
+loss function should return tensors rather than calling ``float()``/``.item()``.
 """
 
 
@@ -560,6 +573,7 @@ __all__ = [
     "PROTOCOLS",
     "Algorithm",
     "Backend",
+    "Closes",
     "CountsSkippedRows",
     "Dataset",
     "DeclaresNeeds",
