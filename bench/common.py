@@ -26,6 +26,8 @@ SHAPES: dict[str, dict[str, int]] = {
              "num_key_value_heads": 2, "intermediate_size": 4864},
     "1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
              "num_key_value_heads": 2, "intermediate_size": 8960},
+    "7b": {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+           "num_key_value_heads": 4, "intermediate_size": 18944},
     "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "intermediate_size": 128},
 }

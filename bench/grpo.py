@@ -52,7 +52,7 @@ PROMPT_WORDS = 123
 def parse_args() -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="0.5b", choices=["0.5b", "1.5b", "tiny"])
+    parser.add_argument("--size", default="0.5b", choices=["0.5b", "1.5b", "7b", "tiny"])
     parser.add_argument("--impls", default="reasonctl,trl")
     parser.add_argument("--steps", type=int, default=3, help="reasonctl steps (incl. warm-up).")
     parser.add_argument("--trl-steps", type=int, default=2)

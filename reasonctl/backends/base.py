@@ -152,7 +152,7 @@ class TorchBackend:
         finite = torch.isfinite(grad_norm)
         skips_on_device = _skips_on_device(optimizer)
         if skips_on_device:  # the fused step skips itself when found_inf is set: no host sync
-            optimizer.found_inf = (~finite).float().reshape(1)  # type: ignore[attr-defined]
+            optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
             optimizer.step()
             del optimizer.found_inf  # type: ignore[attr-defined]
         elif bool(finite):
