@@ -211,8 +211,7 @@ def validate_service_config(data: dict[str, Any], registry: Registry) -> Service
     except ValidationError as exc:
         issues += validation_issues(exc, ServiceConfig)
     issues += _reward_issues(data, registry)
-    if config is not None:
-        issues += _worker_issues(config)
+    issues += _worker_issues(data)
     if issues:
         raise ConfigError([issue.format() for issue in issues])
     assert config is not None
@@ -260,18 +259,27 @@ def _reward_issues(data: dict[str, Any], registry: Registry) -> list[Issue]:
     return issues
 
 
-def _worker_issues(config: ServiceConfig) -> list[Issue]:
+def _worker_issues(data: dict[str, Any]) -> list[Issue]:
+    """Devices and token sources, checked on the raw values so they are reported together
+    with schema errors."""
     issues = []
-    for index, entry in enumerate(config.rewards.components):
+    workers, auth, rewards = (data.get(key) for key in ("workers", "auth", "rewards"))
+    kind = workers.get("kind", "thread") if isinstance(workers, dict) else "thread"
+    entries = rewards.get("components") if isinstance(rewards, dict) else None
+    for index, entry in enumerate(entries if isinstance(entries, list) else []):
+        devices = entry.get("devices") if isinstance(entry, dict) else None
+        if not isinstance(devices, list):
+            continue
         loc = ("rewards", "components", index, "devices")
-        for position, device in enumerate(entry.devices):
-            if not DEVICE.match(device):
+        for position, device in enumerate(devices):
+            if not isinstance(device, str) or not DEVICE.match(device):
                 issues.append(Issue((*loc, position), f'a device is "cpu" or "cuda:N" '
                                     f"(got {device!r})"))
-        if entry.devices and config.workers.kind != "process":
+        if devices and kind != "process":
             issues.append(Issue(loc, 'devices pin worker processes: set [workers] kind = '
                                 '"process"'))
-    if config.auth.token_env is None and config.auth.token_file is None:
+    if isinstance(auth, dict) and auth.get("token_env", DEFAULT_TOKEN_ENV) is None \
+            and auth.get("token_file") is None:
         issues.append(Issue(("auth",), "no token source: set token_env or token_file (every "
                             "route but /health needs a bearer token)"))
     return issues

@@ -151,8 +151,8 @@ def parse_request(body: bytes) -> ScoreRequest:
     if header.samples is not None:
         samples = [s.to_sample() for s in header.samples]
     else:
-        samples = [Sample([Message("user", [ContentPart("text", text=p)])])
-                   for p in header.prompts or []]
+        samples = [Sample([Message("user", [ContentPart("text", text=p)])], source=f"prompts[{i}]")
+                   for i, p in enumerate(header.prompts or [])]
     if header.video_infos is not None:
         if len(header.video_infos) != len(samples):
             raise WireError(f"video_infos has {len(header.video_infos)} entries for "
@@ -235,7 +235,7 @@ def encode_request(
         header["deadline_s"] = deadline_s
     if media_type == "text":
         header["completions"] = [str(c) for c in completions]
-        return json.dumps(header).encode() + SEPARATOR
+        return json.dumps(header, default=str).encode() + SEPARATOR
     arrays = [np.asarray(c) for c in completions]
     for array in arrays:
         check_media(array, media_type, batched=False)
@@ -243,7 +243,7 @@ def encode_request(
         raise WireError(f"{media_type} completions of one request must share shape and dtype")
     buffer = io.BytesIO()
     np.save(buffer, np.stack(arrays), allow_pickle=False)
-    return json.dumps(header).encode() + SEPARATOR + buffer.getvalue()
+    return json.dumps(header, default=str).encode() + SEPARATOR + buffer.getvalue()
 
 
 __all__ = [

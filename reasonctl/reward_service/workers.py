@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
+from reasonctl.core.errors import RewardError
 from reasonctl.core.protocols import reward_media_type
 from reasonctl.core.reward_set import RewardSet, RewardTerm
 from reasonctl.reward_service.metrics import ServiceMetrics
@@ -29,11 +30,23 @@ from reasonctl.reward_service.store import Job, RequestStore
 logger = logging.getLogger("reasonctl.reward_service")
 
 READY_TIMEOUT_S = 600.0
+RUN_ADVICE = "\n  Fix the reward, or set rewards.on_error"
 POLL_S = 0.05
 
 
 class WorkerCrashed(RuntimeError):
     """A worker process died while scoring."""
+
+
+class RewardFailure(RuntimeError):
+    """A reward raised in a worker process; the message is the reason a pull reports."""
+
+
+def failure_reason(name: str, exc: BaseException) -> str:
+    """Why a request failed, as its result says it."""
+    if isinstance(exc, (RewardError, RewardFailure)):
+        return str(exc)
+    return f"reward {name!r} failed: {type(exc).__name__}: {exc}"
 
 
 def build_scoring(name: str, options: dict[str, Any], registry: Any
@@ -52,7 +65,10 @@ def build_scoring(name: str, options: dict[str, Any], registry: Any
     rewards = RewardSet([RewardTerm(name, reward)], on_error="raise")
 
     def score(completions: list[Any], samples: list[Any]) -> list[float | None]:
-        return rewards.score(completions, samples).components[name]
+        try:
+            return rewards.score(completions, samples).components[name]
+        except RewardError as exc:  # without the advice about a run's rewards.on_error
+            raise RewardError(str(exc).split(RUN_ADVICE)[0], reward=name) from exc
 
     return score, reward_media_type(reward)
 
@@ -123,7 +139,7 @@ class ProcessScorer:
             raise WorkerCrashed(f"worker {self.label} crashed while scoring (exit code "
                                 f"{code}); it was restarted") from None
         if status != "ok":
-            raise RuntimeError(value)
+            raise RewardFailure(value)
         return value  # type: ignore[no-any-return]
 
     def _restart(self) -> None:
@@ -170,7 +186,7 @@ def _child_main(conn: Connection, name: str, options: dict[str, Any], device: st
         try:
             conn.send(("ok", score(*message)))
         except Exception as exc:
-            conn.send(("error", str(exc)))
+            conn.send(("error", failure_reason(name, exc)))
 
 
 class Worker(threading.Thread):
@@ -223,7 +239,7 @@ class Worker(threading.Thread):
                 for job, _ in batch:
                     self.score([job])
                 return
-            self._fail(batch[0][0], f"reward {self.reward!r} failed: {exc}", "reward_error")
+            self._fail(batch[0][0], failure_reason(self.reward, exc), "reward_error")
             return
         duration = time.perf_counter() - started
         self.metrics.batch_scored(self.reward, len(completions), duration)
