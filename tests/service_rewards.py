@@ -64,3 +64,9 @@ class LatentNorm:
 def register_rewards(register: Any) -> None:
     register("brightness", Brightness)
     register("latent_norm", LatentNorm)
+
+
+@reasonctl.batched
+def number(completions: Sequence[str], samples: Sequence[Any]) -> list[float]:
+    """Each completion read as a number (so a score tells which completion it belongs to)."""
+    return [float(c) for c in completions]

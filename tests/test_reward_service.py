@@ -230,7 +230,8 @@ def test_a_raising_reward_fails_only_its_request_and_the_client_applies_on_error
         assert wait_result(service.url, good)["scores"][name] == [1.0]
         failed = wait_result(service.url, bad)
         assert failed["status"] == "failed" and "goes boom" in failed["error"]
-        assert failed["error"].startswith(f"reward {name!r} failed on sample prompts[1]: ValueError")
+        assert failed["error"].startswith(
+            f"reward {name!r} failed on sample prompts[1]: ValueError")
         assert "rewards.on_error" not in failed["error"]
         assert "scores" not in failed
 
