@@ -30,6 +30,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
 ENQUEUE = "/api/reward/enqueue"
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -354,3 +355,11 @@ def test_serve_rewards_cli_checks_the_config_and_exits_2(tmp_path: Path) -> None
     assert bad.returncode == 2
     assert "limits.max_body: unknown key; did you mean 'max_body_mb'" in bad.stderr
     assert "rewards.components.0.bad: unknown key" in bad.stderr
+
+
+def test_the_example_service_config_is_valid(registry: Any) -> None:
+    from reasonctl.reward_service.config import load_service_config
+
+    config = load_service_config(REPO / "examples/configs/reward_service.toml", registry)
+    assert [r.name for r in config.rewards.components] == ["math", "format"]
+    assert config.rewards.components[1].options == {"answer_tag": "answer"}
