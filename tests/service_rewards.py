@@ -70,3 +70,9 @@ def register_rewards(register: Any) -> None:
 def number(completions: Sequence[str], samples: Sequence[Any]) -> list[float]:
     """Each completion read as a number (so a score tells which completion it belongs to)."""
     return [float(c) for c in completions]
+
+
+@reasonctl.batched
+def visible_device(completions: Sequence[str], samples: Sequence[Any]) -> list[float]:
+    """The CUDA device index this process may see (-1 when none is set)."""
+    return [float(os.environ.get("CUDA_VISIBLE_DEVICES") or -1)] * len(completions)

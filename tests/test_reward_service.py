@@ -254,8 +254,14 @@ def test_a_raising_reward_fails_only_its_request_and_the_client_applies_on_error
 
 def test_a_crashed_worker_process_fails_its_requests_and_is_restarted(registry: Any) -> None:
     name = "tests.service_rewards:crash_on_crash"
-    config = service_config([{"name": name, "max_wait_ms": 0}], workers={"kind": "process"})
+    pinned = "tests.service_rewards:visible_device"
+    config = service_config([{"name": name, "max_wait_ms": 0},
+                             {"name": pinned, "devices": ["cuda:3"]}],
+                            workers={"kind": "process"})
     with InProcessService(config, registry) as service:
+        on_device = httpx.post(service.url + ENQUEUE, content=text_body([pinned], ["a"]),
+                               headers=AUTH).json()["uuid"]
+        assert wait_result(service.url, on_device)["scores"][pinned] == [3.0]
         crashed = httpx.post(service.url + ENQUEUE, content=text_body([name], ["crash"]),
                              headers=AUTH).json()["uuid"]
         result = wait_result(service.url, crashed)

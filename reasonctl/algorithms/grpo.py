@@ -26,6 +26,9 @@ reference model) from the config and hands it over in the :class:`RunContext`; t
 and batch helpers are the public building blocks of :mod:`reasonctl.algorithms.rollouts`
 and :mod:`reasonctl.algorithms.policy_batch`. The sampler position is the only state beyond
 the backend's, so a resumed run draws the same prompts as an uninterrupted one.
+
+The module is a little over our usual length: the phases of a step stay together so their
+order, and what each hands the next, reads in one place.
 """
 
 from __future__ import annotations
