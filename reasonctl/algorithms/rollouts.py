@@ -11,6 +11,10 @@ completions and their rewards. Typical use in an algorithm's ``step``::
 
     samples = shard([ctx.dataset[i] for i in sampler.take(prompts)], rank, world_size)
     groups = sample_groups(ctx, samples, seed=step_seed(ctx, 0))
+
+An algorithm that can do useful work before it needs the rewards splits the scoring:
+:func:`submit_groups` starts it right after :func:`generate_completions` (rewards that
+score elsewhere, such as ``remote``, run meanwhile) and :func:`collect_groups` waits for it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from reasonctl.core.types import Completion, Metrics, RolloutGroup, Sample, Samp
 if TYPE_CHECKING:
     from reasonctl.core.config import RunConfig
     from reasonctl.core.protocols import Backend, RolloutEngine, RunContext
+    from reasonctl.core.reward_set import PendingScores
     from reasonctl.data.processing import EncodedSample
 
 
@@ -108,22 +113,42 @@ def score_groups(
     completions: Sequence[Sequence[Completion]],
 ) -> list[RolloutGroup]:
     """Score each prompt's completions with the run's reward set and group them."""
+    groups, pending = submit_groups(ctx, samples, encoded, completions)
+    collect_groups(ctx, groups, pending)
+    return groups
+
+
+def submit_groups(
+    ctx: RunContext,
+    samples: Sequence[Sample],
+    encoded: Sequence[EncodedSample],
+    completions: Sequence[Sequence[Completion]],
+) -> tuple[list[RolloutGroup], PendingScores]:
+    """The groups of a rollout, not scored yet, and their scoring started
+    (:meth:`RewardSet.submit`); :func:`collect_groups` fills in the rewards."""
     assert ctx.rewards is not None
     texts = [c.text for group in completions for c in group]
     repeated = [s for s, group in zip(samples, completions, strict=True) for _ in group]
-    scores = ctx.rewards.score(texts, repeated)
-    groups: list[RolloutGroup] = []
+    pending = ctx.rewards.submit(texts, repeated)
+    groups = [
+        RolloutGroup(sample=sample, prompt_ids=list(prompt.input_ids), completions=list(group),
+                     prompt=prompt)
+        for sample, prompt, group in zip(samples, encoded, completions, strict=True)
+    ]
+    return groups, pending
+
+
+def collect_groups(ctx: RunContext, groups: Sequence[RolloutGroup],
+                   pending: PendingScores) -> None:
+    """Wait for the scores of :func:`submit_groups` and set each group's rewards."""
+    assert ctx.rewards is not None
+    scores = ctx.rewards.collect(pending)
     offset = 0
-    for sample, prompt, group in zip(samples, encoded, completions, strict=True):
-        end = offset + len(group)
-        groups.append(RolloutGroup(
-            sample=sample, prompt_ids=list(prompt.input_ids), completions=list(group),
-            rewards=scores.totals[offset:end],
-            reward_components={k: v[offset:end] for k, v in scores.components.items()},
-            prompt=prompt,
-        ))
+    for group in groups:
+        end = offset + len(group.completions)
+        group.rewards = scores.totals[offset:end]
+        group.reward_components = {k: v[offset:end] for k, v in scores.components.items()}
         offset = end
-    return groups
 
 
 def has_variance(rewards: Sequence[float]) -> bool:

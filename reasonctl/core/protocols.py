@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from reasonctl.core.config import RunConfig
 from reasonctl.core.lifecycle import LifecycleHooks
@@ -213,6 +213,46 @@ class Reward(Protocol):
 
     def __call__(self, completions: Sequence[str], samples: Sequence[Sample]) -> list[float | None]:
         """Score each completion."""
+        ...
+
+
+MediaType = Literal["image", "video", "latent"]
+"""What a media reward's completions are (see :class:`ScoresMedia`)."""
+
+
+@runtime_checkable
+class ScoresMedia(Protocol):
+    """Optional for rewards: the completions are generated media, not text (default: text).
+
+    A reward with ``media_type`` receives numpy arrays as ``completions``, one per sample:
+    ``"image"``: ``uint8 [H, W, 3]``; ``"video"``: ``uint8 [T, H, W, 3]``; ``"latent"``:
+    ``float32`` of any shape (what a world model generates before decoding). The reward
+    service checks every request's arrays against the reward's ``media_type`` before the
+    reward sees them.
+    """
+
+    media_type: MediaType
+
+
+@runtime_checkable
+class SubmitsAsync(Protocol):
+    """Optional for rewards: scoring that runs elsewhere and can overlap training (default:
+    the reward is called synchronously).
+
+    :meth:`submit` starts scoring and returns at once with a handle; :meth:`collect` waits
+    for that handle's scores. :meth:`reasonctl.RewardSet.submit` submits every such reward
+    before it computes the local ones, and GRPO collects just before its update, so the
+    scoring overlaps the log-prob passes. ``__call__`` (the :class:`Reward` protocol) stays
+    required: it is ``collect(submit(...))``. A failure may surface in either method;
+    ``rewards.on_error`` applies to it as to a raising ``__call__``.
+    """
+
+    def submit(self, completions: Sequence[Any], samples: Sequence[Sample]) -> Any:
+        """Start scoring ``completions`` (answers to ``samples``); return a handle."""
+        ...
+
+    def collect(self, handle: Any) -> list[float | None]:
+        """The scores of a submitted batch, one per completion (``None``: does not apply)."""
         ...
 
 
@@ -564,6 +604,11 @@ def skipped_rows(dataset: Dataset) -> int:
     return int(dataset.skipped_rows) if isinstance(dataset, CountsSkippedRows) else 0
 
 
+def reward_media_type(reward: Reward) -> str:
+    """What ``reward`` scores: its :class:`ScoresMedia` ``media_type``, else ``"text"``."""
+    return str(reward.media_type) if isinstance(reward, ScoresMedia) else "text"
+
+
 def generation_model(backend: Backend) -> Any:
     """The backend's live unsharded policy module, or ``None`` (the default)."""
     return backend.generation_model if isinstance(backend, ProvidesGenerationModel) else None
@@ -580,6 +625,7 @@ __all__ = [
     "Evaluator",
     "Logger",
     "LossFn",
+    "MediaType",
     "Needs",
     "Processor",
     "ProvidesGenerationModel",
@@ -588,14 +634,17 @@ __all__ = [
     "Reward",
     "RolloutEngine",
     "RunContext",
+    "ScoresMedia",
     "SharesPolicyWeights",
     "Storage",
     "StreamsText",
+    "SubmitsAsync",
     "SupportsReferenceModel",
     "TokenOutputs",
     "ValidatesRunConfig",
     "algorithm_needs",
     "generation_model",
+    "reward_media_type",
     "shares_policy_weights",
     "skipped_rows",
 ]
