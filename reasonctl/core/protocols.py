@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 from reasonctl.core.config import RunConfig
 from reasonctl.core.lifecycle import LifecycleHooks
 from reasonctl.core.registry import Registry
-from reasonctl.core.reward_set import RewardSet
 from reasonctl.core.types import (
     Completion,
     Metrics,
@@ -79,7 +78,7 @@ class RunContext:
     model_source: ModelSource | None = None
     processor: Processor | None = None
     dataset: Dataset | None = None
-    rewards: RewardSet | None = None
+    rewards: RewardScorer | None = None
     engine: RolloutEngine | None = None
     evaluator: Evaluator | None = None
     checkpoints: CheckpointManager | None = None
@@ -253,6 +252,33 @@ class SubmitsAsync(Protocol):
 
     def collect(self, handle: Any) -> list[float | None]:
         """The scores of a submitted batch, one per completion (``None``: does not apply)."""
+        ...
+
+
+@runtime_checkable
+class RewardScorer(Protocol):
+    """The run's configured rewards as one scorer (:class:`reasonctl.RewardSet`).
+
+    ``score`` returns a :class:`reasonctl.RewardScores` (weighted ``totals``, per-reward
+    ``components``, ``metrics``); ``submit``/``collect`` split it in two so asynchronous
+    rewards (``SubmitsAsync``) work while the caller does something else.
+    """
+
+    @property
+    def names(self) -> list[str]:
+        """Reward names in config order."""
+        ...
+
+    def score(self, completions: Sequence[Any], samples: Sequence[Sample]) -> Any:
+        """Score ``completions[i]`` as an answer to ``samples[i]`` with every reward."""
+        ...
+
+    def submit(self, completions: Sequence[Any], samples: Sequence[Sample]) -> Any:
+        """Start scoring; pass the result to :meth:`collect`."""
+        ...
+
+    def collect(self, pending: Any) -> Any:
+        """Finish what :meth:`submit` started."""
         ...
 
 
@@ -632,6 +658,7 @@ __all__ = [
     "ReportsEfficiency",
     "ReportsMemory",
     "Reward",
+    "RewardScorer",
     "RolloutEngine",
     "RunContext",
     "ScoresMedia",
