@@ -1,5 +1,9 @@
 """SFT throughput: reasonctl's single-GPU backend against TRL's SFTTrainer and a plain loop.
 
+Diagnosis micro-benchmark: it calls the backend's ``train_step`` with pre-collated
+batches. The figure compared with TRL in ``bench/RESULTS.md`` comes from
+:mod:`bench.cli_sft` (``reasonctl run``).
+
 All implementations train the same random Qwen2.5-shaped model (identical bf16 initial
 weights) on the same random-token rows in the same order: ``--batch`` rows of ``--seq``
 tokens per optimizer step, next-token loss on every token, AdamW (fused), constant
