@@ -75,6 +75,8 @@ class _Rollout:
     generated_tokens: int = 0
     generate_seconds: float = 0.0
     reward_seconds: float = 0.0
+    sync: Metrics = field(default_factory=dict)
+    """What loading the trainer's weights into the engine took (see sync_engine_weights)."""
 
 
 @dataclass
@@ -196,9 +198,7 @@ class GRPO:
         backend = _backend(ctx)
         assert ctx.engine is not None
         out = _Rollout()
-        generate_started = time.perf_counter()
-        sync_engine_weights(ctx.engine, backend)
-        out.generate_seconds += time.perf_counter() - generate_started
+        out.sync = sync_engine_weights(ctx.engine, backend)
         rounds = cfg.max_sampling_rounds if cfg.dynamic_sampling else 1
         per_rank = cfg.prompts_per_step // backend.world_size
         for round_index in range(rounds):
@@ -385,6 +385,7 @@ class GRPO:
             ),
             "time/rollout_s": rollout.generate_seconds,
             "time/reward_s": rollout.reward_seconds,
+            **rollout.sync,
         })
         return metrics
 
