@@ -2,9 +2,10 @@
 
 Composition, in torchtitan's order: build the model (real weights on rank 0, on the meta
 device elsewhere) -> freeze patterns, or LoRA adapters with ``[model.lora]`` (the frozen
-base is sharded like any weight; checkpoints hold only the adapters) -> activation checkpointing -> ``train.compile`` of
-each block's training forward (:mod:`reasonctl.backends.compile`) -> ``fully_shard`` each
-transformer block (the classes in the model's ``_no_split_modules``) and then the root
+base is sharded like any weight; checkpoints hold only the adapters) -> activation
+checkpointing -> ``train.compile`` of each block's training forward
+(:mod:`reasonctl.backends.compile`) -> ``fully_shard`` each transformer block (the
+classes in the model's ``_no_split_modules``) and then the root
 (embeddings, final norm, output projection, vision merger) -> allocate the shards ->
 broadcast the weights from rank 0 into them.
 
