@@ -41,11 +41,15 @@ class Recorder:
 
     @hookimpl
     def on_run_end(self, ctx: Any, status: str, error: Any) -> None:
+        from torch.distributed.tensor import DTensor
+
         backend = ctx.backend
-        with torch.no_grad(), backend.autocast():
-            self.logits = backend.hf_model(input_ids=PROBE).logits.float()
-        self.params = {n: p.detach().clone()
-                       for n, p in backend.hf_model.named_parameters(remove_duplicate=False)}
+        if ctx.config.backend.name == "single":
+            with torch.no_grad(), backend.autocast():
+                self.logits = backend.hf_model(input_ids=PROBE).logits.float()
+        named = backend.hf_model.named_parameters(remove_duplicate=False)
+        self.params = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+                       for n, p in named}
         self.trainable = {n for n, p in backend.hf_model.named_parameters(remove_duplicate=False)
                           if p.requires_grad}
 
@@ -151,3 +155,64 @@ def test_resume_is_exact_and_the_adapter_export_loads_with_peft(
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=PROBE).logits, recorder.logits,
                                    atol=1e-4, rtol=1e-4)
+
+
+def lowercase_start(completion: str, sample: Sample) -> float:
+    """1 when the completion starts with a lowercase letter (about 1 in 6 at first)."""
+    return float(bool(completion) and completion[0].islower())
+
+
+def grpo_config(out: Path, model_dir: Path, *, steps: int, backend: str = "single"
+                ) -> dict[str, Any]:
+    prompts = out.parent / f"{out.name}-prompts.jsonl"
+    prompts.parent.mkdir(parents=True, exist_ok=True)
+    prompts.write_text("".join(json.dumps({"prompt": f"Say something, {i}."}) + "\n"
+                               for i in range(8)))
+    return {
+        "run": {"output_dir": str(out), "seed": 0},
+        "model": {"name_or_path": str(model_dir), "max_length": 64, "lora": dict(LORA)},
+        "data": {"format": "jsonl", "jsonl": {"path": str(prompts)}},
+        "algorithm": {"name": "grpo", "grpo": {"prompts_per_step": 4, "kl_beta": 0.01}},
+        "rollout": {"n": 8, "max_new_tokens": 1, "temperature": 1.0},
+        "train": {"lr": 2e-2, "max_steps": steps, "micro_batch_size": 32},
+        "backend": {"name": backend, "device": "cpu"},
+        "checkpoint": {"export_final": False},
+        "logging": {"loggers": []},
+    }
+
+
+def test_grpo_learns_against_the_base_model_and_syncs_only_the_merged_layers(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    recorder = Recorder()
+    result = reasonctl.run(grpo_config(tmp_path / "run", tiny_model_dir, steps=8),
+                           rewards=[lowercase_start], plugins=[recorder])
+    assert result.status == "completed"
+    rewards = recorder.series("reward/mean")
+    assert sum(rewards[-3:]) / 3 - sum(rewards[:3]) / 3 >= 0.3
+    kl = recorder.series("kl")
+    assert kl[0] == pytest.approx(0.0, abs=1e-7)  # the reference is the base: B = 0 at first
+    assert kl[-1] > 1e-3
+    assert max(recorder.series("rollout/logprob_gap")) < 1e-3  # the engine got the merged layers
+    # 2 layers x 7 adapted projections + the trained embedding and its tied head: no norms,
+    # biases or other weights
+    assert set(recorder.series("weight_sync/tensors")) == {16.0}
+    assert len(source_weights(tiny_model_dir)) == 27
+    assert all(".lora_" in n or ".modules_to_save." in n for n in recorder.trainable)
+
+
+def test_one_process_fsdp_with_checkpointing_equals_single(tmp_path: Path,
+                                                           tiny_model_dir: Path) -> None:
+    """GRPO with LoRA and a KL term: the FSDP-wrapped peft model (with gradient
+    checkpointing) follows the single-device run step by step."""
+    runs = {}
+    for backend in ("single", "fsdp"):
+        recorder = Recorder()
+        config = grpo_config(tmp_path / backend, tiny_model_dir, steps=3, backend=backend)
+        config["model"]["gradient_checkpointing"] = backend == "fsdp"
+        reasonctl.run(config, rewards=[lowercase_start], plugins=[recorder])
+        runs[backend] = recorder
+    for key in ("loss", "kl", "reward/mean"):
+        assert runs["fsdp"].series(key) == pytest.approx(runs["single"].series(key), rel=1e-4,
+                                                         abs=1e-7)
+    for name, param in runs["single"].params.items():
+        torch.testing.assert_close(runs["fsdp"].params[name], param, rtol=1e-4, atol=1e-6)
