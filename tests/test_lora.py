@@ -216,3 +216,210 @@ def test_one_process_fsdp_with_checkpointing_equals_single(tmp_path: Path,
                                                          abs=1e-7)
     for name, param in runs["single"].params.items():
         torch.testing.assert_close(runs["fsdp"].params[name], param, rtol=1e-4, atol=1e-6)
+
+
+def test_targets_from_presets_names_and_regexes_with_errors_that_list_modules() -> None:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from reasonctl.core.config import LoraSection
+    from reasonctl.models.loading import ModelLoadError
+    from reasonctl.models.lora import resolve_lora_targets, resolve_modules_to_save
+    from reasonctl.testing import build_tiny_tokenizer, tiny_qwen2_config
+
+    model = AutoModelForCausalLM.from_config(tiny_qwen2_config(len(build_tiny_tokenizer())))
+    attention = resolve_lora_targets(model, LoraSection(target_modules="attention"))
+    assert len(attention) == 8 and all(n.split(".")[-1][0] in "qkvo" for n in attention)
+    assert len(resolve_lora_targets(model, LoraSection())) == 14  # all-linear, no lm_head
+    mixed = LoraSection(target_modules=["self_attn.q_proj", r"layers\.1\.mlp\.(up|down)_proj$"])
+    assert resolve_lora_targets(model, mixed) == [
+        "model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.q_proj",
+        "model.layers.1.mlp.up_proj", "model.layers.1.mlp.down_proj"]
+    with pytest.raises(ModelLoadError, match=r"'qproj' matches no linear module.*q_proj"):
+        resolve_lora_targets(model, LoraSection(target_modules=["qproj"]))
+    with pytest.raises(ModelLoadError, match="'embedding' matches no module"):
+        resolve_modules_to_save(model, ["embedding"])
+    llama = AutoModelForCausalLM.from_config(LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2))
+    with pytest.raises(ModelLoadError, match="model type 'llama'.*List the modules"):
+        resolve_lora_targets(llama, LoraSection())
+    assert len(resolve_lora_targets(llama, LoraSection(target_modules=["q_proj"]))) == 1
+
+
+def test_vision_tower_is_left_alone_unless_asked(tmp_path: Path) -> None:
+    from transformers import AutoModelForImageTextToText
+
+    from reasonctl.core.config import LoraSection
+    from reasonctl.models.loading import ModelLoadError
+    from reasonctl.models.lora import resolve_lora_targets
+    from reasonctl.models.tiny_vl import make_tiny_qwen2_5_vl_dir
+
+    model = AutoModelForImageTextToText.from_pretrained(
+        make_tiny_qwen2_5_vl_dir(tmp_path / "vl", seed=0))
+    language = resolve_lora_targets(model, LoraSection())
+    assert language and all(n.startswith("model.language_model.layers.") for n in language)
+    with pytest.raises(ModelLoadError, match="include_vision = true"):
+        resolve_lora_targets(model, LoraSection(target_modules=["qkv"]))
+    both = resolve_lora_targets(model, LoraSection(include_vision=True))
+    tower = [n for n in both if n.startswith("model.visual.")]
+    assert tower and set(both) - set(tower) == set(language)
+    assert not any(".merger." in n for n in tower)  # the projector into the LM stays frozen
+
+
+def test_vision_language_lora_sft_keeps_the_tower_and_exports_merged(tmp_path: Path) -> None:
+    from data_factories import write_png
+    from transformers import AutoModelForImageTextToText
+
+    from reasonctl.data.collate import collate
+    from reasonctl.models.tiny_vl import make_tiny_qwen2_5_vl_dir
+
+    model_dir = make_tiny_qwen2_5_vl_dir(tmp_path / "tiny-vl", seed=0)
+    image = write_png(tmp_path / "img.png", (56, 56))
+    samples = [Sample([Message("user", [ContentPart("image", path=str(image)),
+                                        ContentPart("text", text=f"What is shown, {i}?")]),
+                       Message("assistant", [ContentPart("text", text=f"<answer>{i}</answer>")])])
+               for i in range(4)]
+
+    class Final(Recorder):
+        @hookimpl
+        def on_run_end(self, ctx: Any, status: str, error: Any) -> None:
+            super().on_run_end(ctx, status, error)
+            self.batch = collate([ctx.processor.encode_sft(s) for s in samples],
+                                 ctx.processor.pad_id)
+            self.logprobs = ctx.backend.token_outputs(self.batch).logprobs
+
+    final = Final()
+    config = {
+        "run": {"output_dir": str(tmp_path / "run")},
+        "model": {"name_or_path": str(model_dir), "max_length": 512, "lora": {"rank": 4}},
+        "train": {"lr": 2e-2, "max_steps": 4, "global_batch_size": 2},
+        "backend": {"name": "single", "device": "cpu"},
+        "logging": {"loggers": []},
+    }
+    result = reasonctl.run(config, datasets=samples, plugins=[final])
+    assert result.status == "completed" and result.export_dir is not None
+    losses = final.series("loss")
+    assert losses[-1] < losses[0]
+    assert final.trainable and all(".language_model." in n for n in final.trainable)
+
+    exported = AutoModelForImageTextToText.from_pretrained(result.export_dir)
+    source = AutoModelForImageTextToText.from_pretrained(model_dir)
+    exported_params = dict(exported.named_parameters())
+    for name, param in source.named_parameters():
+        adapted = ".language_model." in name and name.endswith("proj.weight")
+        assert torch.equal(param, exported_params[name]) != adapted, name
+    inputs = {k: v for k, v in final.batch.items() if k != "loss_mask"}
+    with torch.no_grad():
+        logits = exported(**inputs, use_cache=False).logits[:, :-1].float()
+    want = torch.log_softmax(logits, -1).gather(
+        -1, final.batch["input_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)
+    valid = final.batch["attention_mask"][:, 1:].bool()
+    torch.testing.assert_close(final.logprobs[valid], want[valid], atol=1e-5, rtol=1e-5)
+
+
+def test_config_names_every_bad_lora_key() -> None:
+    with pytest.raises(reasonctl.ConfigError) as caught:
+        reasonctl.load_config(values={"model": {"freeze": ["x"], "lora": {
+            "rank": 0, "dropout": 1.0, "target_modules": ["a["], "modules_to_save": ["a b"],
+            "export": "gguf", "alpah": 8}}})
+    text = str(caught.value)
+    for key in ("model.lora.rank", "model.lora.dropout", "model.lora.target_modules",
+                "model.lora.modules_to_save", "model.lora.export",
+                "model.lora.alpah: unknown key; did you mean 'alpha'?"):
+        assert key in text, key
+    with pytest.raises(reasonctl.ConfigError, match="cannot be combined with"):
+        reasonctl.load_config(values={"model": {"trainable": ["x"], "lora": {}}})
+
+
+@pytest.mark.slow
+def test_train_compile_follows_the_eager_run(tmp_path: Path, tiny_model_dir: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``train.compile`` traces the peft layers inside each block (dynamo + AOT autograd;
+    the ``aot_eager`` backend keeps CPU code generation out of the test's time)."""
+    import functools
+
+    compiled_functions: list[Any] = []
+    real_compile = torch.compile
+
+    def aot_eager_compile(fn: Any, **options: Any) -> Any:
+        compiled_functions.append(fn)
+        return real_compile(fn, backend="aot_eager", **options)
+
+    monkeypatch.setattr(torch, "compile", functools.partial(aot_eager_compile))
+    runs = {}
+    for compiled in (False, True):
+        recorder = Recorder()
+        config = sft_config(tmp_path / str(compiled), tiny_model_dir, max_steps=3,
+                            compile=compiled)
+        config["checkpoint"] = {"export_final": False}
+        reasonctl.run(config, datasets=SAMPLES, plugins=[recorder])
+        runs[compiled] = recorder.series("loss")
+    assert compiled_functions  # train.compile was not ignored
+    assert runs[True] == pytest.approx(runs[False], rel=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_fsdp_processes_equal_one(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """LoRA SFT through ``reasonctl run --backend fsdp --nproc-per-node 2``: the losses
+    and the merged export equal a single-device run's."""
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"{i} times two?"},
+        {"role": "assistant", "content": f"<answer>{2 * i}</answer>"}]}) + "\n"
+        for i in range(8)))
+    config = tmp_path / "lora.toml"
+    config.write_text(f"""
+[run]
+seed = 0
+[model]
+name_or_path = "{tiny_model_dir}"
+[model.lora]
+rank = 4
+alpha = 8.0
+modules_to_save = ["embed_tokens"]
+[data]
+format = "jsonl"
+[data.jsonl]
+path = "{data}"
+[train]
+lr = 2e-2
+max_steps = 4
+global_batch_size = 4
+micro_batch_size = 1
+[backend]
+device = "cpu"
+[logging]
+loggers = ["jsonl"]
+plot = false
+""")
+    outputs = {}
+    for name, extra in (("single", ["--backend", "single"]),
+                        ("fsdp2", ["--backend", "fsdp", "--nproc-per-node", "2"])):
+        outputs[name] = tmp_path / name
+        proc = subprocess.run(
+            [sys.executable, "-m", "reasonctl", "run", "--config", str(config),
+             "--output-dir", str(outputs[name]), *extra],
+            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+            timeout=420)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+    def losses(out: Path) -> list[float]:
+        rows = (out / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(row)["loss"] for row in rows if '"loss"' in row]
+
+    def weights(out: Path) -> dict[str, torch.Tensor]:
+        return {k: v for f in (out / "export" / "final").glob("*.safetensors")
+                for k, v in load_file(f).items()}
+
+    assert losses(outputs["fsdp2"]) == pytest.approx(losses(outputs["single"]), rel=1e-4)
+    single, sharded = weights(outputs["single"]), weights(outputs["fsdp2"])
+    assert single.keys() == sharded.keys() and not any("lora" in k for k in single)
+    for key, tensor in single.items():
+        torch.testing.assert_close(sharded[key], tensor, rtol=1e-4, atol=1e-5)
