@@ -53,6 +53,7 @@ from reasonctl.core.protocols import (
     LossFn,
     Needs,
     Processor,
+    ProvidesChangedWeights,
     ProvidesGenerationModel,
     ReportsEfficiency,
     ReportsMemory,
@@ -64,6 +65,7 @@ from reasonctl.core.protocols import (
     StreamsText,
     SupportsReferenceModel,
     TokenOutputs,
+    UpdatesChangedWeights,
     ValidatesRunConfig,
 )
 from reasonctl.core.registry import Registrar
@@ -207,6 +209,7 @@ __all__ = [
     "PolicyLossSettings",
     "PolicyRow",
     "Processor",
+    "ProvidesChangedWeights",
     "ProvidesGenerationModel",
     "ReasonctlError",
     "Registrar",
@@ -230,6 +233,7 @@ __all__ = [
     "TokenOutputs",
     "TrainBatch",
     "UnknownComponentError",
+    "UpdatesChangedWeights",
     "ValidatesRunConfig",
     "__version__",
     "as_reward",
