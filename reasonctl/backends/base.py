@@ -210,9 +210,13 @@ class TorchBackend:
         barrier_all()
 
     def training_flops(self, tokens: int, mean_seq_len: float) -> float:
-        """Approximate model FLOPs of a training step over ``tokens`` tokens."""
-        return training_flops(self.parameter_counts.total, self.hf_model.config, tokens,
-                              mean_seq_len)
+        """Approximate model FLOPs of a training step over ``tokens`` tokens (with LoRA the
+        frozen base costs 4 FLOPs per parameter and token, no weight gradients)."""
+        counts = self.parameter_counts
+        params = float(counts.total)
+        if self.lora is not None:
+            params = counts.trainable + (counts.total - counts.trainable) * 2 / 3
+        return training_flops(int(params), self.hf_model.config, tokens, mean_seq_len)
 
     def peak_flops(self) -> float | None:
         """Peak bf16 FLOP/s of one device of this backend (``None`` on CPU or unknown)."""
