@@ -628,5 +628,4 @@ __all__ = [
     "generation_model",
     "shares_policy_weights",
     "skipped_rows",
-    "updates_changed_weights",
 ]
