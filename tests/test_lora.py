@@ -207,7 +207,7 @@ def test_one_process_fsdp_with_checkpointing_equals_single(tmp_path: Path,
     runs = {}
     for backend in ("single", "fsdp"):
         recorder = Recorder()
-        config = grpo_config(tmp_path / backend, tiny_model_dir, steps=3, backend=backend)
+        config = grpo_config(tmp_path / backend, tiny_model_dir, steps=2, backend=backend)
         config["model"]["gradient_checkpointing"] = backend == "fsdp"
         reasonctl.run(config, rewards=[lowercase_start], plugins=[recorder])
         runs[backend] = recorder
