@@ -423,3 +423,18 @@ plot = false
     assert single.keys() == sharded.keys() and not any("lora" in k for k in single)
     for key, tensor in single.items():
         torch.testing.assert_close(sharded[key], tensor, rtol=1e-4, atol=1e-5)
+
+
+def test_without_peft_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    from reasonctl.core.config import LoraSection
+    from reasonctl.models.lora import apply_lora
+    from reasonctl.testing import build_tiny_tokenizer, tiny_qwen2_config
+
+    monkeypatch.setitem(sys.modules, "peft", None)  # as if not installed
+    model = AutoModelForCausalLM.from_config(tiny_qwen2_config(len(build_tiny_tokenizer())))
+    with pytest.raises(reasonctl.MissingDependencyError, match=r"reasonctl\[lora\]"):
+        apply_lora(model, LoraSection())
