@@ -21,6 +21,10 @@ reporting each reward curve and the mean reward of its last ten steps.
     python -m bench.async_grpo                            # every GPU of the machine
     python -m bench.async_grpo --size tiny --steps 3      # CPU smoke run
 
+Needs ``redis-server`` on PATH and redis-py; ``bash bench/redis_bundle.sh DIR`` packs both
+on a Debian machine for a host without them (``DIR/bin`` first on PATH, the wheel in
+``DIR/wheels``).
+
 The last line printed is a JSON summary.
 """
 
@@ -216,11 +220,29 @@ def reward_curves(args: argparse.Namespace, out: Path, gpus: int) -> dict[str, A
     return curves
 
 
+def check_redis() -> None:
+    """Fail before the first run when the separate runs could not start Redis."""
+    import importlib.util
+    import shutil
+
+    missing = []
+    if shutil.which("redis-server") is None:
+        missing.append("redis-server is not on PATH (apt-get install redis-server, or build "
+                       "a bundle elsewhere with `bash bench/redis_bundle.sh DIR` and put "
+                       "DIR/bin first on PATH)")
+    if importlib.util.find_spec("redis") is None:
+        missing.append("redis-py is not installed (pip install 'reasonctl[async]', or the "
+                       "wheel in DIR/wheels of bench/redis_bundle.sh)")
+    if missing:
+        raise SystemExit("separate rollout workers need Redis: " + "; ".join(missing))
+
+
 def main() -> None:
     """Run both parts and print the JSON summary."""
     from bench.common import emit, environment
 
     args = parse_args()
+    check_redis()
     out = (REPO / args.out).resolve()
     gpus = gpu_count(args.gpus)
     summary = {

@@ -8,13 +8,18 @@ joins it too and broadcasts a header (version and layout checksum) and the buffe
 groups are created outside ``torch.distributed``'s default group (``ProcessGroupNCCL`` /
 ``ProcessGroupGloo`` on a ``PrefixStore``), one per replica, with a timeout: a replica that
 dies during set-up or transfer fails only its own group, after at most ``timeout_s``, and
-never the trainer or the other replicas. Two sets of staging buffers alternate, so a new
-version is staged while a transfer of the previous one is still running.
+never the trainer or the other replicas: each transfer starts with a one-element handshake
+(where NCCL sets its communicator up) before it holds any staging buffer, and NCCL groups
+are made with ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` (abort the failed communicator; the
+default tears the whole process down), set once by the first publisher or receiver unless
+the environment sets it. Up to three sets of staging buffers alternate, so a new version is
+staged while a transfer of an older one is still running.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sys
 import threading
@@ -34,6 +39,15 @@ if TYPE_CHECKING:
     from reasonctl.async_rl.transport import Transport
 
 MAX_BUFFER_SETS = 3
+NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+
+
+def contain_nccl_failures(device: torch.device) -> None:
+    """Make NCCL groups created from now on abort only their communicator on an error or
+    timeout (mode 2) instead of ending the process (torch's default, mode 3); the trainer's
+    own groups exist already. Call it on the main thread before any sync group exists."""
+    if device.type == "cuda":
+        os.environ.setdefault(NCCL_ERROR_HANDLING, "2")
 
 
 def new_group(store: Any, rank: int, size: int, device: torch.device, timeout_s: float) -> Any:
@@ -57,6 +71,14 @@ def broadcast(group: Any, tensor: torch.Tensor, timeout_s: float) -> None:
     options.rootRank = 0
     work = group.broadcast([tensor], options)
     work.wait(timedelta(seconds=timeout_s))
+
+
+def handshake(group: Any, device: torch.device, timeout_s: float) -> None:
+    """A one-element broadcast both sides make first: the group's connections (NCCL's
+    communicator) are set up here, before the sender holds a staging buffer."""
+    import torch
+
+    broadcast(group, torch.ones(1, dtype=torch.int64, device=device), timeout_s)
 
 
 @dataclass
@@ -83,6 +105,7 @@ class BroadcastPublisher:
                  address: str, timeout_s: float) -> None:
         import torch.distributed as dist
 
+        contain_nccl_failures(device)
         self.transport = transport
         self.device = device
         self.wire_dtype = wire_dtype
@@ -158,7 +181,8 @@ class BroadcastPublisher:
             try:
                 request = self.transport.pop_sync_request(1.0)
             except Exception as exc:  # Redis gone: the trainer reports it on its next call
-                _log(f"weight requests stopped: {exc}")
+                if not self.closed.is_set():
+                    _log(f"weight requests stopped: {exc}")
                 return
             if request is not None and not self.closed.is_set():
                 self.executor.submit(self._serve, json.loads(request))
@@ -167,27 +191,30 @@ class BroadcastPublisher:
         name, nonce = str(request["replica"]), str(request["nonce"])
         served: _BufferSet | None = None
         try:
-            entry = self._group(name, nonce)
-            with self.condition:
-                served = self.current
-                if served is None:
-                    raise RuntimeError("no weights staged yet")
-                served.readers += 1
-            assert self.layout is not None and served.version is not None
             import torch
 
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
-            header = torch.tensor([served.version.incarnation, served.version.step,
-                                   self.layout.digest], dtype=torch.int64, device=self.device)
+            entry = self._group(name, nonce)
             with entry.lock:
+                handshake(entry.group, self.device, self.timeout_s)  # no buffer held yet
+                with self.condition:
+                    served = self.current
+                    if served is None:
+                        raise RuntimeError("no weights staged yet")
+                    served.readers += 1
+                assert self.layout is not None and served.version is not None
+                header = torch.tensor([served.version.incarnation, served.version.step,
+                                       self.layout.digest], dtype=torch.int64,
+                                      device=self.device)
                 broadcast(entry.group, header, self.timeout_s)
                 for dtype in sorted(served.buffers):
                     broadcast(entry.group, served.buffers[dtype], self.timeout_s)
                 entry.sends += 1
         except Exception as exc:
             _log(f"weight transfer to rollout replica {name} failed ({exc}); it can ask again")
-            self.groups.pop(name, None)
+            if (failed := self.groups.get(name)) is not None and failed.nonce == nonce:
+                del self.groups[name]  # not a newer group the replica asked for meanwhile
         finally:
             if served is not None:
                 with self.condition:
@@ -218,6 +245,7 @@ class BroadcastReceiver:
 
     def __init__(self, transport: Transport, *, name: str, device: torch.device,
                  timeout_s: float) -> None:
+        contain_nccl_failures(device)
         self.transport = transport
         self.name = name
         self.device = device
@@ -254,6 +282,7 @@ class BroadcastReceiver:
                                       timeout=timedelta(seconds=self.timeout_s))
                 self.group = new_group(dist.PrefixStore(f"{self.name}/{self.nonce}", store),
                                        1, 2, self.device, self.timeout_s)
+            handshake(self.group, self.device, self.timeout_s)
             header = torch.zeros(3, dtype=torch.int64, device=self.device)
             broadcast(self.group, header, self.timeout_s)
             incarnation, step, digest = (int(v) for v in header.tolist())

@@ -96,6 +96,11 @@ class RolloutWorker:
         config = worker_config(transport.config_text(), list(overrides or []), device, host)
         ctx = RunContext(config=config, registry=host.registry, hooks=host.hooks,
                          output_dir=Path(config.run.output_dir))
+        target = resolve_device(config.backend.device)
+        if target.type == "cuda":  # kernels and CUDA graphs run on the current device
+            import torch
+
+            torch.cuda.set_device(target)
         ensure_model_source(ctx)
         engine = build_rollout_engine(ctx)
         return cls(transport, ctx, engine, name=name or default_name())

@@ -20,6 +20,7 @@ from reasonctl.cli.eval_cmd import eval_command
 from reasonctl.cli.export_cmd import export_command
 from reasonctl.cli.infer_cmd import infer_command
 from reasonctl.cli.plugins_cmd import plugins_command
+from reasonctl.cli.serve_rewards_cmd import serve_rewards_command
 from reasonctl.cli.worker_cmd import worker_app
 from reasonctl.core.plugins import PluginHost, env_flag
 
@@ -78,6 +79,7 @@ def build_app(host: PluginHost) -> typer.Typer:
     app.command("eval")(handle_errors(eval_command))
     app.command("infer")(handle_errors(infer_command))
     app.command("export")(handle_errors(export_command))
+    app.command("serve-rewards")(serve_rewards_command)
     app.add_typer(worker_app(), name="worker", help="Join a run from any node (rollout workers).")
     _add_plugin_commands(app, host)
     return app
