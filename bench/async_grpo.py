@@ -20,6 +20,10 @@ reporting each reward curve and the mean reward of its last ten steps.
 
     python -m bench.async_grpo                            # every GPU of the machine
     python -m bench.async_grpo --size tiny --steps 3      # CPU smoke run
+    python -m bench.async_grpo --gpus 2 --parts colocated,separate --staleness 1
+
+``--parts`` picks what runs (``colocated``, ``separate``, ``toy``; default all), so a
+machine with a time limit per command can run them one command each.
 
 Needs ``redis-server`` on PATH and redis-py; ``bash bench/redis_bundle.sh DIR`` packs both
 on a Debian machine for a host without them (``DIR/bin`` first on PATH, the wheel in
@@ -64,12 +68,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--group", type=int)
     parser.add_argument("--max-new-tokens", type=int)
     parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--parts", default="colocated,separate,toy",
+                        help="Comma-separated: colocated, separate, toy.")
     parser.add_argument("--staleness", default="0,1,2")
     parser.add_argument("--weight-sync", default="broadcast", choices=["broadcast", "file"])
     parser.add_argument("--toy-steps", type=int)
     parser.add_argument("--toy-staleness", type=int, default=1)
     parser.add_argument("--out", default="outputs/bench_async_grpo")
     args = parser.parse_args()
+    args.parts = {p for p in args.parts.split(",") if p}
+    unknown = args.parts - {"colocated", "separate", "toy"}
+    if unknown:
+        parser.error(f"--parts: unknown {sorted(unknown)}; use colocated, separate, toy")
     defaults = TINY_DEFAULTS if args.size == "tiny" else DEFAULTS
     for key, value in defaults.items():
         if getattr(args, key) is None:
@@ -169,7 +179,8 @@ def summarise(run: dict[str, Any], warmup: int, gpus: int, completions: int) -> 
 
 
 def speed(args: argparse.Namespace, out: Path, gpus: int) -> dict[str, Any]:
-    """Colocated against separate with each staleness bound, same machine."""
+    """Colocated against separate with each staleness bound, same machine (the parts
+    asked for)."""
     from bench.common import build_model_dir
 
     model_dir = build_model_dir(out / "models", args.size)
@@ -180,16 +191,18 @@ def speed(args: argparse.Namespace, out: Path, gpus: int) -> dict[str, Any]:
     completions = args.prompts * args.group
     results: dict[str, Any] = {}
     device = [] if gpus else ["backend.device='cpu'"]
-    colocated = run_cli(out / "colocated", None, shared + device, processes, "fsdp")
-    results["colocated"] = summarise(colocated, args.warmup, gpus, completions)
-    for staleness in [int(s) for s in args.staleness.split(",") if s]:
+    if "colocated" in args.parts:
+        colocated = run_cli(out / "colocated", None, shared + device, processes, "fsdp")
+        results["colocated"] = summarise(colocated, args.warmup, gpus, completions)
+    bounds = [int(s) for s in args.staleness.split(",") if s] if "separate" in args.parts else []
+    for staleness in bounds:
         separate = shared + device + [
             "rollout.placement='separate'", f"rollout.workers.count={half}",
             f"rollout.workers.max_staleness={staleness}",
             f"rollout.workers.weight_sync='{args.weight_sync}'"]
         run = run_cli(out / f"separate-{staleness}", None, separate, half, "fsdp")
         results[f"separate-{staleness}"] = summarise(run, args.warmup, gpus, completions)
-    base = results["colocated"].get("tokens_per_s_per_gpu")
+    base = results.get("colocated", {}).get("tokens_per_s_per_gpu")
     for result in results.values():
         if base and result.get("tokens_per_s_per_gpu"):
             result["speedup"] = round(result["tokens_per_s_per_gpu"] / base, 3)
@@ -238,11 +251,12 @@ def check_redis() -> None:
 
 
 def main() -> None:
-    """Run both parts and print the JSON summary."""
+    """Run the parts asked for and print the JSON summary."""
     from bench.common import emit, environment
 
     args = parse_args()
-    check_redis()
+    if args.parts & {"separate", "toy"}:
+        check_redis()
     out = (REPO / args.out).resolve()
     gpus = gpu_count(args.gpus)
     summary = {
@@ -250,8 +264,8 @@ def main() -> None:
         "completions_per_step": args.prompts * args.group,
         "max_new_tokens": args.max_new_tokens, "steps": args.steps, "warmup": args.warmup,
         "weight_sync": args.weight_sync,
-        "speed": speed(args, out, gpus),
-        "toy_reward": reward_curves(args, out, gpus),
+        "speed": speed(args, out, gpus) if args.parts & {"colocated", "separate"} else {},
+        "toy_reward": reward_curves(args, out, gpus) if "toy" in args.parts else {},
         "environment": environment(),
     }
     emit(summary)
