@@ -23,7 +23,9 @@ reporting each reward curve and the mean reward of its last ten steps.
     python -m bench.async_grpo --gpus 2 --parts colocated,separate --staleness 1
 
 ``--parts`` picks what runs (``colocated``, ``separate``, ``toy``; default all), so a
-machine with a time limit per command can run them one command each.
+machine with a time limit per command can run them one command each: the colocated
+summary is kept in ``--out`` per size and GPU count, and a later ``separate`` command
+reports its speed-up against it.
 
 Needs ``redis-server`` on PATH and redis-py; ``bash bench/redis_bundle.sh DIR`` packs both
 on a Debian machine for a host without them (``DIR/bin`` first on PATH, the wheel in
@@ -37,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -49,7 +52,7 @@ PROMPT_WORDS = 123
 """Words per prompt: with the chat template's 5 tokens the encoded prompt is 128 tokens."""
 
 
-DEFAULTS = {"steps": 8, "warmup": 2, "prompts": 16, "group": 16, "max_new_tokens": 1024,
+DEFAULTS = {"steps": 6, "warmup": 2, "prompts": 16, "group": 16, "max_new_tokens": 1024,
             "toy_steps": 60}
 TINY_DEFAULTS = {"steps": 3, "warmup": 1, "prompts": 4, "group": 4, "max_new_tokens": 16,
                  "toy_steps": 4}
@@ -148,6 +151,7 @@ def run_cli(out: Path, config: str | None, overrides: list[str], nproc: int,
     if nproc > 1:
         command += ["--nproc-per-node", str(nproc)]
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
+    shutil.rmtree(out, ignore_errors=True)  # each run starts fresh
     log(f"$ {' '.join(command)}")
     started = time.perf_counter()
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
@@ -202,7 +206,13 @@ def speed(args: argparse.Namespace, out: Path, gpus: int) -> dict[str, Any]:
             f"rollout.workers.weight_sync='{args.weight_sync}'"]
         run = run_cli(out / f"separate-{staleness}", None, separate, half, "fsdp")
         results[f"separate-{staleness}"] = summarise(run, args.warmup, gpus, completions)
-    base = results.get("colocated", {}).get("tokens_per_s_per_gpu")
+    baseline = out / f"colocated-{args.size}-{gpus}gpu.json"
+    if "colocated" in results:
+        baseline.write_text(json.dumps(results["colocated"]))
+    elif baseline.is_file():  # an earlier command on this machine, same size and GPUs
+        results["colocated (earlier command)"] = json.loads(baseline.read_text())
+    base = next((r.get("tokens_per_s_per_gpu") for k, r in results.items()
+                 if k.startswith("colocated")), None)
     for result in results.values():
         if base and result.get("tokens_per_s_per_gpu"):
             result["speedup"] = round(result["tokens_per_s_per_gpu"] / base, 3)
@@ -236,7 +246,6 @@ def reward_curves(args: argparse.Namespace, out: Path, gpus: int) -> dict[str, A
 def check_redis() -> None:
     """Fail before the first run when the separate runs could not start Redis."""
     import importlib.util
-    import shutil
 
     missing = []
     if shutil.which("redis-server") is None:
