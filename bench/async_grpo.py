@@ -77,6 +77,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--weight-sync", default="broadcast", choices=["broadcast", "file"])
     parser.add_argument("--toy-steps", type=int)
     parser.add_argument("--toy-staleness", type=int, default=1)
+    parser.add_argument("--toy-lr", type=float,
+                        help="train.lr of both toy runs (default: the quickstart's 5e-3).")
     parser.add_argument("--out", default="outputs/bench_async_grpo")
     args = parser.parse_args()
     args.parts = {p for p in args.parts.split(",") if p}
@@ -227,6 +229,8 @@ def reward_curves(args: argparse.Namespace, out: Path, gpus: int) -> dict[str, A
               'logging.loggers=["jsonl"]']
     if not gpus:
         common.append("backend.device='cpu'")
+    if args.toy_lr is not None:
+        common.append(f"train.lr={args.toy_lr}")
     runs = {
         "colocated": run_cli(out / "toy-colocated", config, common, 1, "single"),
         f"separate-{args.toy_staleness}": run_cli(
