@@ -447,6 +447,17 @@ class SharesPolicyWeights(Protocol):
 
 
 @runtime_checkable
+class ReleasesResources(Protocol):
+    """Optional for engines: ``close()`` releases what the engine holds beyond memory the
+    garbage collector frees (a server process, an inference engine's device memory); the
+    runner calls it when the run ends (default: nothing to release)."""
+
+    def close(self) -> None:
+        """Release the engine's resources; called once, after the last use."""
+        ...
+
+
+@runtime_checkable
 class StreamsText(Protocol):
     """Optional for engines: yield one completion's text as it is generated (used by
     ``reasonctl infer``; default: the whole completion from :meth:`RolloutEngine.generate`)."""
@@ -546,6 +557,12 @@ def shares_policy_weights(engine: RolloutEngine) -> bool:
     return isinstance(engine, SharesPolicyWeights) and bool(engine.shares_policy_weights)
 
 
+def close_engine(engine: RolloutEngine) -> None:
+    """Release ``engine``'s resources where it holds any (:class:`ReleasesResources`)."""
+    if isinstance(engine, ReleasesResources):
+        engine.close()
+
+
 def skipped_rows(dataset: Dataset) -> int:
     """How many malformed rows ``dataset`` skipped (0 by default)."""
     return int(dataset.skipped_rows) if isinstance(dataset, CountsSkippedRows) else 0
@@ -570,6 +587,7 @@ __all__ = [
     "Processor",
     "ProvidesGenerationModel",
     "ReportsEfficiency",
+    "ReleasesResources",
     "ReportsMemory",
     "Reward",
     "RolloutEngine",
@@ -581,6 +599,7 @@ __all__ = [
     "TokenOutputs",
     "ValidatesRunConfig",
     "algorithm_needs",
+    "close_engine",
     "generation_model",
     "shares_policy_weights",
     "skipped_rows",
