@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-VLLM_SECTION = {"kv_cache_memory_gib": 0.0625, "max_num_seqs": 64, "max_model_len": 512}
+VLLM_SECTION = {"kv_cache_memory_gib": 0.0625, "max_num_seqs": 64, "max_model_len": 512,
+                "enforce_eager": True}
 """``[rollout.vllm]`` for CPU tests: a small KV cache and context."""
 
 
