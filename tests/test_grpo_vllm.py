@@ -31,7 +31,8 @@ def test_quickstart_grpo_learns_with_the_vllm_engine(tmp_path: Path,
         overrides=[f"run.output_dir={json.dumps(str(out))}",
                    f"model.name_or_path={json.dumps(str(model_dir))}",
                    'rollout.engine="vllm"', f"rollout.vllm={{{section}}}",
-                   "train.max_steps=60", "eval.every_steps=0", "checkpoint.every_steps=0",
+                   "train.max_steps=60", "algorithm.grpo.prompts_per_step=8",
+                   "eval.every_steps=0", "checkpoint.every_steps=0",
                    "checkpoint.export_final=false", 'logging.loggers=["jsonl"]'],
     )
     result = reasonctl.run(config)
