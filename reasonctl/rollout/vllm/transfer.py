@@ -121,6 +121,12 @@ class _Layerwise(WeightTransferEngine):  # type: ignore[type-arg]
 
         finalize_layerwise_reload(self.model, self.model_config)
 
+    @staticmethod
+    def trainer_send_weights(iterator: Any, trainer_args: Any) -> None:
+        """Not used: the trainer side is :class:`~.sender.GlooWeightSender` or
+        :func:`stage` (defined because some vLLM releases declare it abstract)."""
+        raise NotImplementedError("reasonctl sends weights with GlooWeightSender / stage()")
+
     def update_weights(self, update_info: dict[str, Any]) -> None:
         """Receive and load one chunk (waits for the device on CUDA only)."""
         self.receive_weights(self.parse_update_info(update_info))
