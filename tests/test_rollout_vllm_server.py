@@ -1,6 +1,7 @@
 """Server mode of the ``vllm`` engine: the engine starts a real vLLM server process
 (``python -m vllm.entrypoints.openai.api_server``, vLLM's CPU build), generates through
-its ``/v1/completions`` route, and pushes new weights to it over the gloo transfer."""
+its ``/v1/completions`` route, and pushes new weights to it over the gloo transfer; a
+second engine connects to the same server by URL and pushes weights too."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def test_started_server_receives_weights_and_serves_the_new_policy(tmp_path: Pat
         assert (tmp_path / "run" / "vllm_server.log").is_file()
         start = ids(engine)
         assert start == ids(reference)
+        model_state = {k: v.clone() for k, v in model.state_dict().items()}
         new = perturbed(model)
         engine.update_weights(iter(new.items()))
         model.load_state_dict(new)
@@ -46,6 +48,15 @@ def test_started_server_receives_weights_and_serves_the_new_policy(tmp_path: Pat
                                                           max_new_tokens=8, seed=3))
         assert [len(g) for g in sampled] == [2, 2]
         assert all(len(c.logprobs) == len(c.token_ids) > 0 for g in sampled for c in g)
+        # a second engine connects to the running server by URL and pushes the old weights
+        connected = build_engine(engine_context(model_dir, tmp_path / "run2", mode="server",
+                                                server={"url": engine.process.url}))
+        assert connected.process is None and ids(connected) == served
+        connected.update_weights(model_state.items())
+        model.load_state_dict(model_state)
+        assert ids(connected) == start == ids(reference)
+        connected.close()
+        assert engine.process.process.poll() is None  # still served by its owner
         process = engine.process.process
     finally:
         engine.close()
