@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -168,6 +169,7 @@ def measure_grpo(engine: str, shape: dict[str, Any], *, new_tokens: int, steps: 
     data.write_text("".join(json.dumps({"prompt": words(r)}) + "\n" for r in rows))
     config = root / "grpo.toml"
     run_dir = root / "run"
+    shutil.rmtree(run_dir, ignore_errors=True)  # metrics of an earlier run would mix in
     config.write_text(tomli_w.dumps(grpo_config(
         engine, model_dir, data, run_dir, shape=shape, new_tokens=new_tokens, steps=steps,
         cpu=not torch.cuda.is_available())))
