@@ -104,6 +104,8 @@ class VLLMColocatedEngine:
         from vllm import SamplingParams as VLLMSamplingParams
 
         vparams.check_prompts(prompts, params)
+        if not prompts:
+            return []
         if self.weights_dropped:
             raise RuntimeError(
                 "the vllm engine dropped its weights when it went to sleep "
