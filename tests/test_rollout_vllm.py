@@ -58,9 +58,11 @@ def _ids(groups: list[list[Any]]) -> list[list[list[int]]]:
 
 def test_greedy_outputs_equal_the_hf_engine(engine: Any, reference: tuple[Any, Any],
                                             prompts: list[dict[str, Any]]) -> None:
+    from reasonctl import Closes
     from reasonctl.rollout.vllm.engine import VLLMColocatedEngine
 
     assert isinstance(engine, VLLMColocatedEngine) and engine.in_process
+    assert isinstance(engine, Closes)  # the runner shuts it down at run end
     ours = engine.generate(prompts, GREEDY)
     theirs = reference[0].generate(prompts, GREEDY)
     assert _ids(ours) == _ids(theirs)

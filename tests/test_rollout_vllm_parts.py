@@ -178,3 +178,14 @@ def test_colocated_mode_with_several_training_processes_points_to_server_mode(
         build_vllm_engine(VLLMRolloutConfig(), ctx=ctx)
     with pytest.raises(ConfigError, match="rollout.vllm.server.port"):
         build_vllm_engine(VLLMRolloutConfig(mode="server"), ctx=ctx)
+
+
+def test_both_engines_are_closed_by_the_runner_at_run_end() -> None:
+    from reasonctl import Closes
+    from reasonctl.rollout.vllm.engine import VLLMColocatedEngine
+    from reasonctl.rollout.vllm.server import VLLMServerEngine
+
+    # the runner calls close() on an engine that has it (Closes): the colocated engine
+    # shuts vLLM down, the server engine stops the server it started
+    assert issubclass(VLLMColocatedEngine, Closes)
+    assert issubclass(VLLMServerEngine, Closes)
