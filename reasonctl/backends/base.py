@@ -26,8 +26,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from reasonctl.backends.dcp_load import load_state
 from reasonctl.backends.distributed import barrier_all, mean_over_processes
 from reasonctl.backends.export import DEFAULT_MAX_SHARD_SIZE, save_hf_export
+from reasonctl.backends.optim import apply_train_settings
 from reasonctl.backends.perf import peak_flops, training_flops
 from reasonctl.backends.reference import ReferenceWeights
 from reasonctl.backends.token_logprobs import TokenLogprobModel, TokenLogprobs
@@ -239,7 +241,11 @@ class TorchBackend:
         return None
 
     def load_checkpoint(self, directory: Path) -> None:
-        """Restore state from :meth:`save_checkpoint` (written by any number of ranks)."""
+        """Restore state from :meth:`save_checkpoint` (written by any number of ranks).
+
+        Nothing in the checkpoint runs code (:mod:`reasonctl.backends.dcp_load`); tensors
+        that do not fit the model are named. The optimizer then takes ``[train]``'s
+        hyperparameters, so a resume with changed settings applies them."""
         if not Path(directory).is_dir():
             raise FileNotFoundError(f"checkpoint state directory {directory} does not exist")
         self._reshard()
@@ -248,25 +254,28 @@ class TorchBackend:
         state = {"model": model_state, "optimizer": optim_state,
                  "scheduler": scheduler.state_dict()}
         with _single_process_dcp_quiet():
-            dcp.load(state, checkpoint_id=str(directory), no_dist=not dist.is_initialized())
+            load_state(state, Path(directory))
         set_state_dict(policy, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        apply_train_settings(optimizer, scheduler, self._ctx().config.train)
 
     # --- weights out ----------------------------------------------------------------------
 
     def export(self, directory: Path) -> None:
         """Write a Hugging Face model directory on the main rank (all ranks call it)."""
         state = self.gather_full_state_dict()
-        if self.is_main:
-            ctx = self._ctx()
-            assert self.source is not None
-            save_hf_export(
-                Path(directory), state, hf_model=self.hf_model, source=self.source,
-                dtype=self.export_dtype(ctx.config.checkpoint.export_dtype),
-                tied_groups=self.tied_groups, max_shard_size=self.export_shard_size,
-            )
-        self.barrier()
+        try:
+            if self.is_main:
+                ctx = self._ctx()
+                assert self.source is not None
+                save_hf_export(
+                    Path(directory), state, hf_model=self.hf_model, source=self.source,
+                    dtype=self.export_dtype(ctx.config.checkpoint.export_dtype),
+                    tied_groups=self.tied_groups, max_shard_size=self.export_shard_size,
+                )
+        finally:  # the other ranks wait here even when the main rank's write fails
+            self.barrier()
 
     def export_dtype(self, name: str) -> torch.dtype:
         """``auto`` keeps the dtype the source checkpoint declares; else the named dtype."""

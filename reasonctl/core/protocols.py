@@ -499,6 +499,16 @@ class Storage(Protocol):
 
 
 @runtime_checkable
+class ChecksAccess(Protocol):
+    """Optional capability of a storage: check credentials and target before a run."""
+
+    def check_access(self, uri: str) -> None:
+        """Raise :class:`~reasonctl.core.storage.StorageError` (``permanent=True`` for what
+        no retry fixes) when ``uri`` cannot be written with the current credentials."""
+        ...
+
+
+@runtime_checkable
 class Logger(Protocol):
     """Receives metrics; only the main rank's loggers are built and called."""
 
@@ -551,6 +561,12 @@ def skipped_rows(dataset: Dataset) -> int:
     return int(dataset.skipped_rows) if isinstance(dataset, CountsSkippedRows) else 0
 
 
+def check_storage_access(storage: Storage, uri: str) -> None:
+    """Run the storage's start-of-run check of ``uri`` (nothing by default)."""
+    if isinstance(storage, ChecksAccess):
+        storage.check_access(uri)
+
+
 def generation_model(backend: Backend) -> Any:
     """The backend's live unsharded policy module, or ``None`` (the default)."""
     return backend.generation_model if isinstance(backend, ProvidesGenerationModel) else None
@@ -560,6 +576,7 @@ __all__ = [
     "PROTOCOLS",
     "Algorithm",
     "Backend",
+    "ChecksAccess",
     "CountsSkippedRows",
     "Dataset",
     "DeclaresNeeds",
@@ -581,6 +598,7 @@ __all__ = [
     "TokenOutputs",
     "ValidatesRunConfig",
     "algorithm_needs",
+    "check_storage_access",
     "generation_model",
     "shares_policy_weights",
     "skipped_rows",
