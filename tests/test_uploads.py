@@ -112,7 +112,7 @@ def test_uploads_run_in_the_background_and_survive_an_outage(
         {UPLOAD_MARKER}
     # The local copies are intact and the hard-link snapshots are gone.
     assert digests(checkpoint) == before["ckpt"] and digests(export) == before["export"]
-    assert not (out / ".uploads").exists()
+    assert not (out / "pending-uploads").exists()
 
 
 def test_checkpoint_pruned_while_its_upload_waits_is_still_uploaded(
@@ -134,10 +134,10 @@ def test_checkpoint_pruned_while_its_upload_waits_is_still_uploaded(
     storage.get_dir(f"s3://{s3.name}/runs/b/checkpoints/step_1", tmp_path / "back")
     remote = digests(tmp_path / "back")
     assert remote.pop(UPLOAD_MARKER) and remote == expected
-    assert not (out / ".uploads").exists()
+    assert not (out / "pending-uploads").exists()
 
 
-def test_permanent_failure_is_reported_and_local_files_are_kept(
+def test_failed_uploads_are_kept_per_run_and_pushed_later(
     s3: Bucket, host: PluginHost, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "run"
@@ -148,7 +148,7 @@ def test_permanent_failure_is_reported_and_local_files_are_kept(
     target = f"s3://{s3.name}/runs/c"
     config = run_config(host, [target, str(mirror)])
     uploader = Uploader(host.registry, config, out, attempts=2, backoff_s=0.1)
-    s3.proxy.stop()  # and it never comes back
+    s3.proxy.stop()  # and it does not come back during this run
 
     uploader.submit(old, "checkpoints/step_1")
     uploader.submit(new, "checkpoints/step_2")
@@ -159,19 +159,38 @@ def test_permanent_failure_is_reported_and_local_files_are_kept(
     assert failures[0].startswith(f"{target}/checkpoints/step_1: ")
     assert failures[1].startswith(f"{target}/checkpoints/step_2: ")
     assert "cannot reach the S3 endpoint" in failures[1] and "after 2 attempt(s)" in failures[1]
-    assert f"local copy: {new})" in failures[1]
-    # The pruned checkpoint's snapshot is kept and named as the copy to push again.
-    kept = Path(failures[0].rsplit("local copy: ", 1)[1].rstrip(")"))
-    assert kept.is_relative_to(out / ".uploads") and digests(kept) == old_digests
+    # Each failed upload keeps a snapshot in a directory of its own run, named in the report.
+    kept = [Path(f.rsplit("local copy: ", 1)[1].rstrip(")")) for f in failures]
+    assert all(p.is_relative_to(uploader.pending_root) for p in kept)
+    assert digests(kept[0]) == old_digests and digests(kept[1]) == new_digests
     assert digests(new) == new_digests
     # The other target got everything.
     assert digests(mirror / "checkpoints" / "step_1").keys() == old_digests.keys() | \
         {UPLOAD_MARKER}
     err = capsys.readouterr().err
     assert "Upload report: 2 upload(s) did not complete" in err
-    assert f"{target}/checkpoints/step_2" in err and "reasonctl export" in err
+    assert f"{target}/checkpoints/step_2" in err and f"reasonctl upload {out}" in err
     assert "testing-secret-value" not in err and "testing-secret-value" not in "".join(failures)
     assert uploader.finish() == failures  # idempotent
+
+    # A later run of the same output directory uploads on its own and leaves them alone.
+    s3.proxy.start()
+    later = Uploader(host.registry, config, out, attempts=2, backoff_s=0.1,
+                     log=lambda message: None)
+    assert later.pending_root != uploader.pending_root
+    later.submit(new, "checkpoints/step_2")
+    assert later.finish() == []
+    assert digests(kept[0]) == old_digests
+
+    # `reasonctl upload OUTPUT_DIR` pushes what was kept, to the target that missed it only.
+    from reasonctl.core.pending_uploads import push_pending
+
+    assert push_pending(host.registry, config, out, push=push, log=lambda m: None) == []
+    assert not (out / "pending-uploads").exists()
+    storage = host.registry.get("storage", "s3").build(config.component_config("storage", "s3"))
+    storage.get_dir(f"{target}/checkpoints/step_1", tmp_path / "back")
+    remote = digests(tmp_path / "back")
+    assert remote.pop(UPLOAD_MARKER) and remote == old_digests
 
 
 def test_resume_pulls_newest_complete_checkpoint_into_empty_output_dir(
