@@ -47,6 +47,7 @@ from reasonctl.core.checkpoint_files import (
 )
 from reasonctl.core.errors import ReasonctlError
 from reasonctl.core.lineage import ancestors, lineage_of, next_serial, write_order
+from reasonctl.core.signals import SignalAbandon
 
 MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -209,7 +210,7 @@ class CheckpointManager:
         try:
             self._commit(pending.step, pending.tmp, pending.manifest, pending.on_commit)
             pending.committed = True
-        except (KeyboardInterrupt, SystemExit):
+        except (KeyboardInterrupt, SystemExit, SignalAbandon):
             raise
         except BaseException as exc:
             pending.commit_error = exc
@@ -237,7 +238,7 @@ class CheckpointManager:
         result: Any = None
         try:
             result = action()
-        except (KeyboardInterrupt, SystemExit):
+        except (KeyboardInterrupt, SystemExit, SignalAbandon):
             raise
         except BaseException as exc:  # torch's CheckpointException is a BaseException
             error = exc
