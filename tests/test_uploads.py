@@ -185,9 +185,13 @@ def test_failed_uploads_are_kept_per_run_and_pushed_later(
     assert digests(kept[0]) == old_digests
 
     # `reasonctl upload OUTPUT_DIR` pushes what was kept, to the target that missed it only.
-    from reasonctl.core.pending_uploads import push_pending
+    from typer.testing import CliRunner
 
-    assert push_pending(host.registry, config, out, push=push, log=lambda m: None) == []
+    from reasonctl.cli.app import build_app
+
+    pushed = CliRunner().invoke(build_app(host), ["upload", str(out)])
+    assert pushed.exit_code == 0, pushed.output
+    assert "every pending upload is done" in pushed.output
     assert not (out / "pending-uploads").exists()
     storage = host.registry.get("storage", "s3").build(config.component_config("storage", "s3"))
     storage.get_dir(f"{target}/checkpoints/step_1", tmp_path / "back")
