@@ -322,3 +322,19 @@ def test_new_learning_rate_takes_effect_over_the_restored_schedule(tmp_path: Pat
     rates = LearningRates()
     assert run(resumed, datasets=samples(), plugins=[rates]).status == "completed"
     assert rates.by_step == {4: pytest.approx(2e-2), 5: pytest.approx(2e-2)}
+
+
+def test_diverging_learning_rate_stops_before_anything_is_exported(tmp_path: Path) -> None:
+    from reasonctl.core.errors import NonFiniteError
+
+    values = config(tmp_path / "stop")
+    values["train"].update(lr=1e30, schedule="constant", warmup_steps=0, max_grad_norm=0.0)
+    with pytest.raises(NonFiniteError, match=r"step 2: non-finite loss nan"):
+        run(values, datasets=samples())
+    assert not (tmp_path / "stop" / "export").exists()
+
+    values = config(tmp_path / "skip")
+    values["train"].update(lr=1e30, schedule="constant", warmup_steps=0, max_grad_norm=0.0,
+                           on_nonfinite="skip")
+    result = run(values, datasets=samples())
+    assert result.status == "completed" and result.nonfinite_steps == 7  # steps 2 to 8
