@@ -348,7 +348,8 @@ def test_full_disk_during_a_real_checkpoint_is_reported(tmp_path: Path,
 # --- secrets ----------------------------------------------------------------------------------
 
 
-def test_secrets_stay_out_of_validation_errors_and_tracebacks(tmp_path: Path) -> None:
+def test_secrets_stay_out_of_validation_errors_and_tracebacks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from reasonctl.core.config import redact_text
 
     secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
@@ -362,6 +363,17 @@ def test_secrets_stay_out_of_validation_errors_and_tracebacks(tmp_path: Path) ->
     problems = "\n".join(preflight_problems(config, host.registry))
     assert "holds credentials" in problems
     assert "wJalr" not in problems and "K7MDENG" not in problems
+
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnop")
+
+    class Broken:
+        @reasonctl.hookimpl
+        def register_rewards(self, register: Any) -> None:
+            raise RuntimeError("cannot log in with hf_abcdefghijklmnop")
+
+    record = host.add_plugin(Broken(), name="broken")  # `reasonctl plugins --all` shows these
+    assert record.status == "error" and "cannot log in with ***" in record.traceback
+    assert "hf_abc" not in record.traceback + record.error
 
     script = textwrap.dedent(f"""
         import threading
