@@ -179,7 +179,9 @@ class SignalledExport(ToyBackend):
     def export(self, directory: Path) -> None:
         os.kill(os.getpid(), signal.SIGTERM)  # acknowledged: the export goes on
         time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)  # abandons it
+        os.kill(os.getpid(), signal.SIGTERM)  # the same request again (a forwarded copy)
+        time.sleep(0.7)
+        os.kill(os.getpid(), signal.SIGTERM)  # one more: abandons it
         time.sleep(1.0)
         super().export(directory)
 

@@ -380,7 +380,7 @@ def test_one_steps_uploads_go_in_parallel_and_a_second_signal_ends_the_wait(
     second = Uploader(host.registry, config, out)
     for step in (5, 6, 7, 8):
         second.submit(make_checkpoint(out, step), f"checkpoints/step_{step}")
-    for delay in (0.3, 0.6):
+    for delay in (0.3, 1.0):
         threading.Timer(delay, os.kill, (os.getpid(), signal.SIGTERM)).start()
     with stop_signals(stop):
         failures = second.finish(stop)

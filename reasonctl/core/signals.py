@@ -6,18 +6,23 @@ as ``interrupted``; a second Ctrl-C raises ``KeyboardInterrupt``. After the loop
 may still be busy (waiting for a checkpoint write, the final export, the wait for
 uploads): each of those is a :meth:`StopRequest.phase`. There a signal is acknowledged
 and the work goes on; one more signal abandons it with :class:`SignalAbandon`, whose
-message says what is given up and what is kept.
+message says what is given up and what is kept. A copy of the same signal arriving within
+:data:`DUPLICATE_WINDOW_S` does not count as one more.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
+DUPLICATE_WINDOW_S = 0.5
+"""After training, a signal this soon after the previous one is the same request arriving
+twice (a scheduler signalling every process while the launcher forwards it too)."""
 
 
 class SignalAbandon(BaseException):
@@ -40,10 +45,15 @@ class StopRequest:
         self.count = 0
         self._interrupts = 0
         self._phase: tuple[str, str] | None = None
+        self._previous = 0.0
         self._log = log or _stderr
 
     def __call__(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
+        now = time.monotonic()
+        if self._phase is not None and self.count and now - self._previous < DUPLICATE_WINDOW_S:
+            return
+        self._previous = now
         self.count += 1
         if self._phase is not None:
             phase, abandons = self._phase
