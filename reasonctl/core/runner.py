@@ -33,7 +33,7 @@ from reasonctl.core.config import RunConfig, redact_text
 from reasonctl.core.errors import NonFiniteError, ReasonctlError, RunAbandonedError
 from reasonctl.core.output_lock import output_lock
 from reasonctl.core.plugins import PluginHost
-from reasonctl.core.protocols import Algorithm, Logger, RunContext, algorithm_needs
+from reasonctl.core.protocols import Algorithm, Closes, Logger, RunContext, algorithm_needs
 from reasonctl.core.resume import (
     check_resume_config,
     config_hash,
@@ -167,6 +167,9 @@ def _run(config: RunConfig, host: PluginHost, progress: bool, stop: StopRequest)
         for logger in loggers:
             logger.close()
         host.hooks.on_run_end(ctx, result.status, error)
+        for part in (algorithm, ctx.engine):
+            if isinstance(part, Closes):
+                part.close()
         backend.close()
     return result
 
