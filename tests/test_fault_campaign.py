@@ -23,6 +23,7 @@ import pytest
 
 from reasonctl.core.checkpoint import CheckpointManager
 from reasonctl.core.checkpoint_files import UnsafeCheckpointError, file_list
+from reasonctl.core.output_lock import OutputDirInUse, output_lock
 from reasonctl.core.pending_uploads import find_pending, push_pending
 from reasonctl.core.plugins import PluginHost
 from reasonctl.core.uploads import UPLOAD_MARKER, push
@@ -204,6 +205,11 @@ def test_workers_checkpoint_and_stop_when_their_launcher_is_killed(
     assert len(workers) == 2
     launcher.send_signal(signal.SIGKILL)
     launcher.wait(timeout=60)
+    try:  # the workers share the launcher's lock: no second writer while they finish
+        with output_lock(out, log=print):
+            assert not workers_of(launcher.pid), "the lock was free while workers ran"
+    except OutputDirInUse as refused:
+        assert f"pid {launcher.pid}" in str(refused)
     deadline = time.monotonic() + 240
     while workers_of(launcher.pid) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -338,3 +344,46 @@ def test_diverging_learning_rate_stops_before_anything_is_exported(tmp_path: Pat
                            on_nonfinite="skip")
     result = run(values, datasets=samples())
     assert result.status == "completed" and result.nonfinite_steps == 7  # steps 2 to 8
+
+
+def test_lora_adapter_checkpoints_follow_the_lineage_and_are_checked_on_resume(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Adapter-only checkpoints (``[model.lora]``) get the same lineage, file checks, config
+    check and tensor names as full ones."""
+    pytest.importorskip("peft", reason="LoRA needs the 'lora' extra (peft)")
+    from test_lora import SAMPLES, sft_config
+
+    from reasonctl.backends.dcp_load import CheckpointMismatchError
+    from reasonctl.core.resume import ResumeConfigError
+
+    out = tmp_path / "run"
+
+    def lora_run(**changes: Any) -> Any:
+        values = sft_config(out, tiny_model_dir, lora=changes.pop("lora", None))
+        values["train"]["max_steps"] = 4
+        values["checkpoint"].update(every_steps=2, keep=3)
+        values["run"].update(changes)
+        return run(values, datasets=SAMPLES)
+
+    assert lora_run().status == "completed"
+    first = CheckpointManager(out / "checkpoints", keep=3, is_main=True).complete()
+    assert [c.step for c in first] == [2, 4]
+    assert first[1].manifest["lineage"]["parent"] == first[0].id
+    listed = first[0].manifest["files"]
+    assert listed["state/.metadata"]["sha256"] and listed["rng_rank0.pt"]["sha256"]
+    older = str(first[0].path)
+
+    with pytest.raises(ResumeConfigError, match=r"model\.lora\.rank: 4 -> 8"):
+        lora_run(resume=older, lora={"rank": 8})
+    with pytest.raises(CheckpointMismatchError,
+                       match=r"lora_A\.default\.weight: checkpoint \[4, \d+\], model \[8, "):
+        lora_run(resume=older, resume_with_changes=True, lora={"rank": 8})
+    assert not list((out / "checkpoints").glob("retired-*"))  # a failed resume moves nothing
+
+    # the export layout is not a training setting; the abandoned step 4 is moved aside
+    assert lora_run(resume=older, lora={"export": "adapter"}).status == "completed"
+    assert len(list((out / "checkpoints").glob("retired-*/step_4/manifest.json"))) == 1
+    now = CheckpointManager(out / "checkpoints", keep=3, is_main=True).complete()
+    assert [c.step for c in now] == [2, 4]
+    assert now[1].manifest["lineage"]["parent"] == first[0].id and now[1].id != first[1].id
+    assert (out / "export" / "final" / "adapter_config.json").is_file()

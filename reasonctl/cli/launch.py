@@ -18,7 +18,8 @@ rendezvous is 127.0.0.1 on a free port; across nodes it is ``--rdzv-endpoint``, 
   parent; elsewhere a watchdog thread polls for the parent instead
   (:func:`follow_launcher`). The SIGTERM makes the workers checkpoint and stop.
 - **One writer per output directory.** The launcher on node 0 holds the output directory's
-  lock (:mod:`reasonctl.core.output_lock`) for its workers.
+  lock (:mod:`reasonctl.core.output_lock`) for its workers and shares the locked file with
+  them, so the directory stays locked until the last worker has exited.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from contextlib import closing, nullcontext
 from pathlib import Path
 from typing import Any
 
-from reasonctl.core.output_lock import HOLDER_ENV, output_lock
+from reasonctl.core.output_lock import HOLDER_ENV, held_fd, output_lock
 from reasonctl.core.signals import STOP_SIGNALS
 
 LAUNCHER_PID_ENV = "REASONCTL_LAUNCHER_PID"
@@ -63,17 +64,21 @@ def launch_workers(run_args: list[str], nproc_per_node: int, nnodes: int, node_r
                "LOCAL_WORLD_SIZE": str(nproc_per_node), "GROUP_RANK": str(node_rank),
                LAUNCHER_PID_ENV: str(os.getpid())}
         env.setdefault("OMP_NUM_THREADS", "1")
+        fd = held_fd(token) if token else None
         if token:
             env[HOLDER_ENV] = token
-        return Supervisor(run_args, nproc_per_node, node_rank, env).run()
+        return Supervisor(run_args, nproc_per_node, node_rank, env,
+                          pass_fds=(fd,) if fd is not None else ()).run()
 
 
 class Supervisor:
     """Starts the local workers, forwards stop signals and collects their exit status."""
 
     def __init__(self, run_args: list[str], nproc: int, node_rank: int,
-                 env: dict[str, str]) -> None:
+                 env: dict[str, str], *, pass_fds: tuple[int, ...] = ()) -> None:
         self.command = [sys.executable, "-m", "reasonctl", *run_args]
+        self.pass_fds = pass_fds
+        """Descriptors the workers inherit (the output directory's lock)."""
         self.nproc = nproc
         self.node_rank = node_rank
         self.env = env
@@ -86,7 +91,8 @@ class Supervisor:
             for local_rank in range(self.nproc):
                 rank = self.node_rank * self.nproc + local_rank
                 env = {**self.env, "RANK": str(rank), "LOCAL_RANK": str(local_rank)}
-                self.workers.append(subprocess.Popen(self.command, env=env, process_group=0))
+                self.workers.append(subprocess.Popen(self.command, env=env, process_group=0,
+                                                     pass_fds=self.pass_fds))
             return self._wait()
         finally:
             for sig, handler in previous.items():

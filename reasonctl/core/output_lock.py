@@ -8,6 +8,10 @@ releases the lock when its holder dies, however it dies: a run started after a c
 the lock over (and says so); nothing needs cleaning up by hand. On file systems without
 ``flock`` support the holder's record is used instead: a live process on this host keeps
 the directory, anything else is taken over.
+
+A launcher passes the locked file to its workers (:func:`held_fd`): the ``flock`` belongs
+to the open file, so the directory stays locked until the last worker has exited, even
+when the launcher itself was killed and its workers are still writing a final checkpoint.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from reasonctl.core.errors import UsageError
 LOCK_FILE = ".reasonctl.lock"
 HOLDER_ENV = "REASONCTL_OUTPUT_LOCK"
 """Token of the lock a launcher holds for its workers."""
+_HELD: dict[str, int] = {}
+"""The locked file descriptor of each lock this process holds, by token."""
 
 
 class OutputDirInUse(UsageError):
@@ -58,12 +64,20 @@ def output_lock(output_dir: Path, *, log: Callable[[str], None]) -> Iterator[str
         token = uuid.uuid4().hex
         _write(fd, {"host": socket.gethostname(), "pid": os.getpid(),
                     "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "token": token})
+        _HELD[token] = fd
         try:
             yield token
         finally:
+            del _HELD[token]
             _write(fd, {})
     finally:
-        os.close(fd)  # releases the flock
+        os.close(fd)  # releases the flock (unless child processes share the file)
+
+
+def held_fd(token: str) -> int | None:
+    """The locked file descriptor of the lock ``token`` this process holds (to pass to
+    child processes, which then keep the directory locked while they run)."""
+    return _HELD.get(token)
 
 
 def read_holder(path: Path) -> dict[str, Any]:
@@ -123,4 +137,5 @@ def _write(fd: int, record: dict[str, Any]) -> None:
     os.fsync(fd)
 
 
-__all__ = ["HOLDER_ENV", "LOCK_FILE", "OutputDirInUse", "output_lock", "read_holder"]
+__all__ = ["HOLDER_ENV", "LOCK_FILE", "OutputDirInUse", "held_fd", "output_lock",
+           "read_holder"]

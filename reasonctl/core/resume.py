@@ -38,9 +38,11 @@ from reasonctl.core.errors import ConfigError, UsageError
 
 COMPARED_SECTIONS = ("model", "data", "train", "algorithm", "rollout", "rewards")
 NOT_COMPARED = frozenset({
-    "model.attention", "model.gradient_checkpointing", "train.compile", "train.on_nonfinite",
+    "model.attention", "model.gradient_checkpointing", "model.lora.export", "train.compile",
+    "train.on_nonfinite",
 })
-"""Keys of the compared sections that do not change what is trained."""
+"""Keys of the compared sections that do not change what is trained (``model.lora.export``
+only chooses the export's layout)."""
 RUN_LENGTH = frozenset({"train.max_steps", "train.epochs"})
 """Keys that may change on resume to lengthen or shorten a run: applied and reported (the
 learning-rate schedule follows the new length)."""
@@ -97,11 +99,16 @@ def config_hash(config: RunConfig) -> str:
 
 
 def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, str]:
-    """``{key: "key: old -> new"}`` for every compared key that differs, sorted by key."""
+    """``{key: "key: old -> new"}`` for every compared key that differs, sorted by key.
+
+    A key the saved config lacks (written by an earlier version) whose new value is
+    ``None`` (an optional section left unset, such as ``model.lora``) is no change."""
     old, new = compared_view(saved), compared_view(current)
     changes = {}
     for key in sorted(old.keys() | new.keys()):
         before, after = old.get(key, _UNSET), new.get(key, _UNSET)
+        if before is _UNSET and after is None:  # a section added since, left unset
+            continue
         if before != after:
             changes[key] = f"{key}: {_shown(before)} -> {_shown(after)}"
     return changes

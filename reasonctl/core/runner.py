@@ -131,12 +131,12 @@ def _run(config: RunConfig, host: PluginHost, progress: bool, stop: StopRequest)
         backend.barrier()
         if resumed is None and config.run.resume is True:
             resumed = _resume_point(ctx)  # pulled from the upload target
-        _retire_abandoned(ctx, resumed)
         checkpoints.begin(resumed)
         compose(ctx, needs)
         algorithm.setup(ctx)
         if resumed is not None:
             _restore(ctx, algorithm, resumed)
+        _retire_abandoned(ctx, resumed)  # only once the resume point has loaded
         if backend.is_main and progress:
             loggers = _build_loggers(ctx)
         host.hooks.on_run_start(ctx)
