@@ -33,7 +33,14 @@ from reasonctl.core.config import RunConfig, redact_text
 from reasonctl.core.errors import NonFiniteError, ReasonctlError, RunAbandonedError
 from reasonctl.core.output_lock import output_lock
 from reasonctl.core.plugins import PluginHost
-from reasonctl.core.protocols import Algorithm, Closes, Logger, RunContext, algorithm_needs
+from reasonctl.core.protocols import (
+    Algorithm,
+    Closes,
+    Logger,
+    ReportsMemory,
+    RunContext,
+    algorithm_needs,
+)
 from reasonctl.core.resume import (
     check_resume_config,
     config_hash,
@@ -231,6 +238,9 @@ def _loop(ctx: RunContext, algorithm: Algorithm, loggers: list[Logger], uploader
         metrics = dict(algorithm.step(ctx))
         ctx.step += 1
         metrics.setdefault("step_time_s", time.perf_counter() - started)
+        if isinstance(ctx.backend, ReportsMemory):
+            for key, value in ctx.backend.memory_metrics().items():
+                metrics.setdefault(key, value)
         nonfinite = _nonfinite(metrics)
         if nonfinite and config.train.on_nonfinite == "skip":
             result.nonfinite_steps += 1
