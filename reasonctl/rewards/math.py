@@ -11,11 +11,10 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from reasonctl.core.types import Sample
-from reasonctl.rewards.base import PerSampleReward, RewardConfig, check_tag
+from reasonctl.rewards.base import Judgement, PerSampleReward, RewardConfig, check_tag
 from reasonctl.rewards.math_answers import (
     DEFAULT_REL_TOL,
     DEFAULT_TIMEOUT_S,
-    MathJudgement,
     MathRules,
     judge_math,
 )
@@ -57,7 +56,7 @@ class MathConfig(RewardConfig):
                          timeout_s=self.timeout_s)
 
 
-def math_judgement(text: str, sample: Sample, config: MathConfig) -> MathJudgement:
+def math_judgement(text: str, sample: Sample, config: MathConfig) -> Judgement:
     """The answer read from ``text`` and its score against ``sample.reference``."""
     return judge_math(text, sample.reference, config.rules())
 

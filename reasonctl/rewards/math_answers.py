@@ -51,6 +51,7 @@ from reasonctl.rewards.answers import (
     number_spans,
     parse_exact,
 )
+from reasonctl.rewards.base import Judgement
 from reasonctl.rewards.math_judge import SymbolicJudge, shared_judge
 
 DEFAULT_REL_TOL = 1e-6
@@ -68,28 +69,20 @@ class MathRules:
     timeout_s: float = DEFAULT_TIMEOUT_S
 
 
-@dataclass(frozen=True)
-class MathJudgement:
-    """The answer read from a response (``None``: none found) and its score."""
-
-    answer: str | None
-    score: float | None
-
-
 def judge_math(text: str, reference: Any, rules: MathRules,
-               judge: SymbolicJudge | None = None) -> MathJudgement:
+               judge: SymbolicJudge | None = None) -> Judgement:
     """Read the answer of ``text`` and score it against ``reference`` (see the module
     docstring); the score is ``None`` without a reference."""
     golds = reference_answers(reference)
     answer = predicted_answer(text, rules)
     if golds is None:
-        return MathJudgement(answer, None)
+        return Judgement(answer, None)
     if answer is None:
-        return MathJudgement(None, 0.0)
+        return Judgement(None, 0.0)
     judge = judge or shared_judge()
     right = any(answers_match(answer, gold, rel_tol=rules.rel_tol, timeout_s=rules.timeout_s,
                               judge=judge) for gold in golds)
-    return MathJudgement(answer, 1.0 if right else 0.0)
+    return Judgement(answer, 1.0 if right else 0.0)
 
 
 # --- reading answers ----------------------------------------------------------------------------
@@ -100,7 +93,9 @@ _STATEMENT = re.compile(
 )
 _SENTENCE_END = re.compile(r"\.(?=\s|$)|\s+(?i:because|since|as|which|so)\s")
 _INLINE_MATH = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
-_HEDGE_BETWEEN_BOXES = re.compile(r"^[\s,.$]*(?i:or|and/or)[\s,.$]*$|^\s*\\(?:text|mbox)\{\s*or\s*\}\s*$")
+_HEDGE_BETWEEN_BOXES = re.compile(
+    r"^[\s,.$]*(?i:or|and/or)[\s,.$]*$|^\s*\\(?:text|mbox)\{\s*or\s*\}\s*$"
+)
 
 
 def predicted_answer(text: str, rules: MathRules) -> str | None:
