@@ -14,7 +14,7 @@ def eval_command(
     answer_format: Annotated[
         str | None,
         typer.Option("--answer-format",
-                     help="letter | reasoning | free (default: eval.answer_format)"),
+                     help="letter | reasoning | free | math (default: eval.answer_format)"),
     ] = None,
     config: Annotated[list[str] | None, typer.Option(
         "--config", "-c", help="TOML config file; repeat to deep-merge (later wins)."

@@ -186,7 +186,12 @@ class EvalSection(Section):
         default=None, description="Evaluation file (JSON Lines), checked before the run."
     )
     every_steps: int = Field(default=0, ge=0)
-    answer_format: Literal["letter", "reasoning", "free"] = "reasoning"
+    answer_format: Literal["letter", "reasoning", "free", "math"] = Field(
+        default="reasoning",
+        description="How answers are judged: letter (choice reward), math (math reward), "
+        "free (exact_match reward), reasoning (an <answer> block, judged by the reward that "
+        "fits the sample).",
+    )
     max_samples: int | None = Field(default=None, gt=0)
     temperature: float = Field(default=0.0, ge=0, description="0 = greedy decoding.")
     max_new_tokens: int | None = Field(
