@@ -7,7 +7,9 @@ A step of :class:`GRPO`:
    ``dynamic_sampling``, groups whose rewards are all equal are dropped and more prompts
    are drawn, up to ``max_sampling_rounds`` rounds.
 2. **Rewards** from the run's :class:`~reasonctl.core.reward_set.RewardSet`; advantages
-   are normalised within each group (:func:`~.grpo_loss.group_advantages`).
+   are normalised within each group (:func:`~.grpo_loss.group_advantages`; by the group's
+   or the whole batch's std, per ``scale_rewards``). A completion every reward scored
+   ``None`` is left out of its group's baseline and gets advantage 0 (as in TRL).
 3. **Old log-probs.** With several optimizer steps per rollout the trainer first
    recomputes the log-probs (and entropy) of every completion under the current weights;
    with one, the update's own forward pass provides them. With ``kl_beta > 0`` the frozen
@@ -29,13 +31,20 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from reasonctl.algorithms.grpo_loss import PolicyLossSettings, group_advantages, policy_loss
+from reasonctl.algorithms.grpo_loss import (
+    PolicyLossSettings,
+    group_advantages,
+    policy_loss,
+    reward_moments,
+    std_from_moments,
+)
 from reasonctl.algorithms.policy_batch import (
     PolicyRow,
     chunked,
@@ -54,6 +63,7 @@ from reasonctl.algorithms.rollouts import (
     sync_engine_weights,
 )
 from reasonctl.algorithms.sampling import EpochSampler
+from reasonctl.core.config import ConfigWarning
 from reasonctl.core.errors import ConfigError, ReasonctlError
 from reasonctl.core.protocols import SupportsReferenceModel
 from reasonctl.core.types import Metrics, RolloutGroup, Sample
@@ -150,6 +160,8 @@ class GRPO:
         problems = cfg.config_problems(config, world_size=backend.world_size)
         if problems:
             raise ConfigError(problems)
+        for message in cfg.config_warnings():
+            warnings.warn(message, ConfigWarning, stacklevel=2)
         self.loss_settings = PolicyLossSettings(
             epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
             importance_level=cfg.importance_level, loss_aggregation=cfg.loss_aggregation,
@@ -162,7 +174,7 @@ class GRPO:
         backend = _backend(ctx)
         started = time.perf_counter()
         rollout = self._rollout(ctx)
-        rows = self._training_rows(rollout)
+        rows = self._training_rows(rollout, backend)
         metrics: Metrics = {}
         metrics.update(self._rollout_metrics(rollout))
         stats = _PolicyStats()
@@ -253,13 +265,25 @@ class GRPO:
 
     # --- training rows ----------------------------------------------------------------------
 
-    def _training_rows(self, rollout: _Rollout) -> list[PolicyRow]:
-        if not rollout.kept:
-            return []
+    def _training_rows(self, rollout: _Rollout, backend: Backend) -> list[PolicyRow]:
+        """Rows with advantages; a completion no reward scored (all ``None``) is left out
+        of the baselines and gets advantage 0. ``scale_rewards = "batch"`` divides by the
+        std of the rewards of every process's kept groups."""
+        scale = self.config.scale_rewards
         groups = [rollout.groups[i] for i in rollout.kept]
         rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float64)
-        group_size = len(groups[0].completions)
-        advantages = group_advantages(rewards, group_size, scale=self.config.scale_rewards)
+        valid = torch.tensor([_scored(g, i) for g in groups for i in range(len(g.rewards))],
+                             dtype=torch.bool)
+        batch_std = None
+        if scale == "batch" and backend.world_size > 1:  # every rank joins, even with no rows
+            count, total, squares = reward_moments(rewards, valid)
+            mean = backend.all_reduce_mean({"count": count, "total": total, "squares": squares})
+            batch_std = std_from_moments(*(mean[k] * backend.world_size
+                                           for k in ("count", "total", "squares")))
+        if not groups:
+            return []
+        advantages = group_advantages(rewards, len(groups[0].completions), scale=scale,
+                                      valid=valid, batch_std=batch_std)
         return policy_rows(groups, advantages.tolist(), mask_truncated=self.config.mask_truncated)
 
     # --- log-probs before the update ------------------------------------------------------
@@ -387,6 +411,12 @@ class GRPO:
             "time/reward_s": rollout.reward_seconds,
         })
         return metrics
+
+
+def _scored(group: RolloutGroup, index: int) -> bool:
+    """Whether any reward scored completion ``index`` of ``group`` (not all ``None``)."""
+    components = group.reward_components
+    return not components or any(values[index] is not None for values in components.values())
 
 
 def _backend(ctx: RunContext) -> Backend:
