@@ -85,13 +85,15 @@ def parse_and_score(response: str, sample: Sample, answer_format: str) -> tuple[
 
 
 def sampling_for_eval(config: RunConfig, *, seed: int) -> SamplingParams:
-    """``eval.temperature`` (greedy by default) with ``rollout`` top-p/top-k/stop, and
-    ``eval.max_new_tokens`` or else ``rollout.max_new_tokens``."""
+    """``eval.temperature`` (greedy by default) and ``eval.repetition_penalty`` with
+    ``rollout`` top-p/top-k/stop, and ``eval.max_new_tokens`` or else
+    ``rollout.max_new_tokens``."""
     rollout, section = config.rollout, config.eval
     return SamplingParams(n=1, temperature=section.temperature, top_p=rollout.top_p,
                           top_k=rollout.top_k,
                           max_new_tokens=section.max_new_tokens or rollout.max_new_tokens,
-                          stop=list(rollout.stop), seed=seed)
+                          stop=list(rollout.stop), seed=seed,
+                          repetition_penalty=section.repetition_penalty)
 
 
 def score_samples(
