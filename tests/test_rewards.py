@@ -355,6 +355,29 @@ def test_math_reward_options(registry: Registry) -> None:
     assert score(tagged, "<answer>4</answer>", sample("4")) == 1.0
 
 
+def test_a_pathological_answer_cannot_stall_scoring_even_off_the_main_thread(
+        registry: Registry) -> None:
+    """SymPy never finishes 9^(9^(9^9)); the comparison runs in a child process that is
+    killed at the time limit, from whatever thread scores."""
+    import threading
+    import time
+
+    reward = build(registry, "math", timeout_s=1.0)
+    results: list = []
+
+    def work() -> None:
+        results.append(reward([r"\boxed{9^{9^{9^{9}}}}", r"\boxed{2\sqrt{2}}"],
+                              [sample("5"), sample(r"\sqrt{8}")]))
+
+    started = time.monotonic()
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert results == [[0.0, 1.0]]
+    assert time.monotonic() - started < 30
+
+
 # --- exact_match ------------------------------------------------------------------------------
 
 
