@@ -28,6 +28,22 @@ def _benchmark(root: Path, name: str, count: int) -> Path:
     return write_chat_jsonl(root / name / "questions.jsonl", rows)
 
 
+def _llava_benchmark(root: Path, name: str, count: int) -> Path:
+    """LLaVA rows: options in the question, the answer in the final gpt turn."""
+    rows = []
+    for i in range(count):
+        clip = write_tiny_mp4(root / name / "clips" / f"{i}.mp4", frames=8, fps=4,
+                              size=(32, 32))
+        lettered = "\n".join(f"{letter}. {text}"
+                              for letter, text in zip("ABCD", OPTIONS, strict=True))
+        rows.append({"id": f"{name}-{i}", "video": f"clips/{clip.name}", "conversations": [
+            {"from": "human", "value": f"<video>\nWhat moves?\n{lettered}"},
+            {"from": "gpt", "value": "ABCD"[(i + 1) % 4]}]})
+    path = root / name / "questions.json"
+    path.write_text(json.dumps(rows))
+    return path
+
+
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from reasonctl.models.tiny_vl import make_tiny_qwen2_5_vl_dir
@@ -59,7 +75,8 @@ path = "{_benchmark(root, 'robo', 3)}"
 
 [[eval.datasets]]
 name = "drive"
-path = "{_benchmark(root, 'drive', 3)}"
+path = "{_llava_benchmark(root, 'drive', 3)}"
+format = "llava"
 answer_format = "reasoning"
 max_samples = 2
 max_pixels = 3136
@@ -101,10 +118,14 @@ def test_benchmarks_write_results_resume_and_agree_with_the_rewards(
     assert drive["000000.json"]["settings"]["max_pixels"] == 3136
     assert robo["000000.json"]["settings"]["sampling"]["repetition_penalty"] == 1.2
     assert robo["000001.json"]["prompt"].endswith("D. nothing")  # options lettered in
+    # LLaVA rows are judged against their final gpt turn
+    assert [r["reference"] for r in drive.values()] == ["B", "C"]
+    assert drive["000000.json"]["prompt"].endswith("D. nothing")
     # the verdicts are the choice reward's (with require_tag for "reasoning")
-    for records, config in ((robo, ChoiceConfig()), (drive, ChoiceConfig(require_tag=True))):
+    for records, config, meta in ((robo, ChoiceConfig(), {"choices": OPTIONS}),
+                                  (drive, ChoiceConfig(require_tag=True), {})):
         for record in records.values():
-            sample = Sample([], reference=record["reference"], meta={"choices": OPTIONS})
+            sample = Sample([], reference=record["reference"], meta=meta)
             expected = choice_judgement(record["response"], sample, config).score == 1.0
             assert record["correct"] is expected
     with (results / "accuracy.csv").open() as handle:

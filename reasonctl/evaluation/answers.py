@@ -23,6 +23,7 @@ A response is correct when the reward scores it 1.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from reasonctl.core.errors import ConfigError
@@ -106,6 +107,19 @@ class AnswerScorer:
         """The answer read from ``response`` and whether the reward scores it 1."""
         _, judgement = self.judge(response, sample)
         return judgement.answer, judgement.score == 1.0
+
+
+def evaluation_sample(sample: Sample) -> Sample:
+    """``sample`` as evaluation judges it: options lettered into the prompt as in training
+    (:func:`~reasonctl.data.prompting.layout_mcq`), and without a ``reference``, the text
+    of its final assistant turn as the reference (LLaVA-style data keeps answers there)."""
+    from reasonctl.data.prompting import layout_mcq
+
+    laid_out = layout_mcq(sample)
+    if laid_out.reference is None and laid_out.messages \
+            and laid_out.messages[-1].role == "assistant" and laid_out.messages[-1].text.strip():
+        laid_out = replace(laid_out, reference=laid_out.messages[-1].text.strip())
+    return laid_out
 
 
 _LATEX_OR_GSM8K = re.compile(r"\\[A-Za-z]|####|^\s*\$.*\$\s*$", re.DOTALL)

@@ -30,7 +30,7 @@ from reasonctl.algorithms.rollouts import mix_seed
 from reasonctl.core.composition import build_dataset, build_rollout_engine
 from reasonctl.core.errors import ConfigError, ReasonctlError
 from reasonctl.core.types import Sample
-from reasonctl.evaluation.answers import AnswerScorer
+from reasonctl.evaluation.answers import AnswerScorer, evaluation_sample
 from reasonctl.evaluation.scoring import Prediction, sampling_for_eval, score_samples
 
 if TYPE_CHECKING:
@@ -195,12 +195,11 @@ def _saved(folder: Path, settings: dict[str, Any]) -> dict[int, dict[str, Any]]:
 
 
 def _rejudged(record: dict[str, Any], sample: Sample, scorer: AnswerScorer) -> Prediction:
-    from reasonctl.data.prompting import layout_mcq
-
-    reward, judgement = scorer.judge(record["response"], layout_mcq(sample))
+    judged = evaluation_sample(sample)
+    reward, judgement = scorer.judge(record["response"], judged)
     return Prediction(
         prompt=record.get("prompt", ""), response=record["response"], parsed=judgement.answer,
-        reference=sample.reference, correct=judgement.score == 1.0,
+        reference=judged.reference, correct=judgement.score == 1.0,
         source=record.get("source", ""), finish_reason=record.get("finish_reason", "stop"),
         sample=sample.source, reward=reward,
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reasonctl.core.types import Sample, SamplingParams
-from reasonctl.evaluation.answers import AnswerScorer
+from reasonctl.evaluation.answers import AnswerScorer, evaluation_sample
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -109,12 +109,12 @@ def score_samples(
     """Generate one answer per sample with ``engine`` and score it.
 
     Used by :func:`evaluate` and by the runner's periodic evaluation with the policy's own
-    engine. Multiple-choice options are lettered into the prompt as in training. A sample's
-    source is its ``meta["source"]``, else ``default_source``. ``scorer`` judges the
+    engine. Multiple-choice options are lettered into the prompt as in training, and a
+    sample without a reference is judged against its final assistant turn
+    (:func:`~reasonctl.evaluation.answers.evaluation_sample`). A sample's source is its
+    ``meta["source"]``, else ``default_source``. ``scorer`` judges the
     answers (default: the rewards of ``answer_format`` with their default options).
     """
-    from reasonctl.data.prompting import layout_mcq
-
     scorer = scorer or AnswerScorer(answer_format)
 
     encoded = [processor.encode_prompt(s) for s in samples]
@@ -122,13 +122,13 @@ def score_samples(
     report = EvalReport(answer_format=answer_format)
     for sample, group in zip(samples, groups, strict=True):
         completion = group[0]
-        laid_out = layout_mcq(sample)
+        laid_out = evaluation_sample(sample)
         reward, judgement = scorer.judge(completion.text, laid_out)
         report.predictions.append(Prediction(
             prompt="\n".join(m.text for m in laid_out.prompt_messages() if m.role != "system"),
             response=completion.text,
             parsed=judgement.answer,
-            reference=sample.reference,
+            reference=laid_out.reference,
             correct=judgement.score == 1.0,
             source=str(sample.meta.get("source") or default_source),
             finish_reason=completion.finish_reason,

@@ -181,6 +181,7 @@ _VARIABLE = re.compile(r"^\s*[A-Za-z](?:_\{?\w+\}?)?\s*$")
 _HEDGE = re.compile(r"\s(?i:or|and/or)\s|\\(?:text|mbox)\{\s*or\s*\}|\\lor\b")
 _MULTI_VALUED = re.compile(r",|\\pm|\\mp|\\cup|\s(?i:or|and)\s|\\(?:text|mbox)\{\s*(?:or|and)\s*\}")
 _WORDS = re.compile(r"[A-Za-z]{2,}")
+_WORD_ANSWER = re.compile(r"^[A-Za-z]{2,}(?:[ '-][A-Za-z]+)*$")
 
 
 def clean_answer(text: str) -> str:
@@ -218,6 +219,8 @@ def answers_match(pred: str, gold: str, *, rel_tol: float, timeout_s: float,
         return numbers_equal(pred_number, gold_number, rel_tol=rel_tol)
     if _key(pred) == _key(gold):
         return True
+    if _WORD_ANSWER.match(pred) and _WORD_ANSWER.match(gold):  # "Monday", "north east"
+        return pred.casefold() == gold.casefold()
     if pred_number is None and gold_number is not None and _is_prose(pred):
         number = last_number(pred)
         return number is not None and numbers_equal(number, gold_number, rel_tol=rel_tol)

@@ -96,14 +96,14 @@ class SymbolicJudge:
                 request = {"op": "value", "expr": key[1]}
             try:
                 result = self._request(request, timeout_s)
-            except TimeoutError:
+            except TimeoutError:  # not remembered: a busy machine may be to blame
                 self.timeouts += 1
                 logger.warning(
                     "math: comparing %r with %r took longer than %.1f s; scored as not equal "
                     "(the comparison process was restarted)", key[-1][:80], key[1][:80],
                     timeout_s,
                 )
-                result = None
+                return None
             self._cache[key] = result
             if len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
