@@ -41,9 +41,8 @@ def score_command(
 
     run_config = common.load(config, set_, values={})
     samples, completions = read_completions(data)
-    reward_set = RewardSet.from_config(run_config, common.host().registry)
-    scores = reward_set.score(completions, samples)
-    report = ScoreReport(samples, completions, scores)
+    report = ScoreReport.of(RewardSet.from_config(run_config, common.host().registry),
+                            samples, completions)
     path = report.write_jsonl(output or Path("outputs") / "rewards" / f"{data.stem}.scores.jsonl")
     metrics = report.metrics
     out = Console()
@@ -51,17 +50,17 @@ def score_command(
     for column, justify in (("reward", "left"), ("weight", "right"), ("mean", "right"),
                             ("std", "right"), ("coverage", "right")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for term in reward_set.terms:
-        mean = metrics.get(f"reward/{term.name}/mean")
-        std = metrics.get(f"reward/{term.name}/std")
-        table.add_row(term.name, f"{term.weight:g}", "-" if mean is None else f"{mean:.4f}",
+    for name, weight in report.weights.items():
+        mean = metrics.get(f"reward/{name}/mean")
+        std = metrics.get(f"reward/{name}/std")
+        table.add_row(name, f"{weight:g}", "-" if mean is None else f"{mean:.4f}",
                       "-" if std is None else f"{std:.4f}",
-                      f"{metrics[f'reward/{term.name}/coverage']:.0%}")
+                      f"{metrics[f'reward/{name}/coverage']:.0%}")
     table.add_section()
     table.add_row("total", "", f"{metrics['reward/mean']:.4f}", f"{metrics['reward/std']:.4f}",
                   "", style="bold")
     out.print(table)
-    if scores.errors:
-        out.print(f"{len(scores.errors)} completion(s) failed and scored 0 "
+    if report.scores.errors:
+        out.print(f"{len(report.scores.errors)} completion(s) failed and scored 0 "
                              "(rewards.on_error = \"zero\")", highlight=False)
     out.print(f"scores: {path}", highlight=False)

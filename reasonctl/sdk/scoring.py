@@ -42,6 +42,15 @@ class ScoreReport:
     samples: list[Sample]
     completions: list[str]
     scores: RewardScores
+    weights: dict[str, float]
+    """Each reward's weight in the totals."""
+
+    @classmethod
+    def of(cls, reward_set: RewardSet, samples: Sequence[Sample], completions: Sequence[str]
+           ) -> ScoreReport:
+        """Score ``completions[i]`` against ``samples[i]`` with ``reward_set``."""
+        return cls(list(samples), list(completions), reward_set.score(completions, samples),
+                   {term.name: term.weight for term in reward_set.terms})
 
     @property
     def metrics(self) -> Metrics:
@@ -142,5 +151,4 @@ def score(
         if len(sample_list) != len(texts):
             raise ValueError(f"score() got {len(texts)} completions but {len(sample_list)} "
                              "samples; pass one sample per completion")
-    reward_set = RewardSet.from_config(resolved, host.registry)
-    return ScoreReport(sample_list, texts, reward_set.score(texts, sample_list))
+    return ScoreReport.of(RewardSet.from_config(resolved, host.registry), sample_list, texts)
