@@ -13,7 +13,7 @@ def eval_command(
         "--model", help="Model directory or storage URI (default: model.name_or_path).")] = None,
     data: Annotated[str | None, typer.Option(
         "--data", help="One evaluation data file (jsonl, llava); without it, the config's "
-        "[[eval.datasets]] benchmarks are evaluated.")] = None,
+        "benchmarks (eval.datasets) are evaluated.")] = None,
     answer_format: Annotated[
         str | None,
         typer.Option("--answer-format",
@@ -37,7 +37,7 @@ def eval_command(
 
     With ``--data``: writes ``predictions.jsonl`` (prompt, response, parsed answer,
     reference, correct, source) and ``summary.json`` to ``--output``. Without it, evaluates
-    every ``[[eval.datasets]]`` benchmark of the config: one JSON per sample under
+    every benchmark of the config (eval.datasets): one JSON per sample under
     ``<results dir>/<benchmark>/`` (already scored samples are skipped when
     ``eval.resume``), then ``summary.json``, ``accuracy.csv`` and ``accuracy.png``.
     The same model, data, config and seed give the same predictions.

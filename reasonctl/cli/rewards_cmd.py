@@ -27,7 +27,7 @@ def score_command(
         "--output", help="Per-row scores (JSON Lines); default "
         "outputs/rewards/<data name>.scores.jsonl.")] = None,
 ) -> None:
-    """Score each completion with the config's [[rewards.components]], as training would.
+    """Score each completion with the config's rewards (rewards.components), as training would.
 
     Prints the mean, spread and coverage of each reward and of the weighted total, and
     writes one JSON line per completion (source, completion, reference, scores, total).
