@@ -8,12 +8,13 @@ rules of :func:`read_choice`, on the text it is given (the caller passes the las
 1. A **commitment** is one of:
 
    - the whole text is a letter, optionally decorated: ``B``, ``b``, ``(B)``, ``B.``,
-     ``**B**``, ``[B]``;
+     ``**B**``, ``[B]``, ``Option B``;
    - an answer statement: ``The answer is B``, ``Answer: B``, ``**Answer:** B``,
      ``Final answer: (B)``, ``The correct option is B``, ``the answer is option B``,
-     ``I choose B``, ``B is correct``, ``Option B is the right answer``;
+     ``I choose B``, ``I'd say B``, ``B is correct``, ``Option B is the right answer``;
    - ``\\boxed{B}`` (or ``\\boxed{\\text{B}}``);
-   - a letter opening the text: ``B. a dog``, ``(B) a dog``, ``B) a dog``, ``B: ...``;
+   - a letter opening the text: ``B. a dog``, ``(B) a dog``, ``B) a dog``, ``B: ...``,
+     ``B - a dog``;
    - a letter alone on the last non-empty line: ``...\\n(B)``.
 
    A statement after "not", "n't" or "if" is no commitment (``the answer is not A``,
@@ -46,6 +47,7 @@ _STATEMENT = re.compile(
     r"\s*(?:\*\*|__)?\s*(?:(?i:is|would\s+be|should\s+be|must\s+be|will\s+be)\s*:?|[:=\-])"
     r"\s*(?:\*\*|__)?\s*"
     r"|(?i:\b(?:choose|chose|pick|select|go\s+with|going\s+with))\s+"
+    r"|(?i:\b(?:i'd|i\s+would|i'll|i\s+will)\s+(?:say|guess))\s+"
 )
 _CONCLUSION = re.compile(r"(?i:\b(?:therefore|thus|hence|so))\s*,?\s*")
 _BODY_PREFIX = re.compile(
@@ -57,7 +59,8 @@ _CORRECT_AFTER = re.compile(
     r"(?i:(?:the\s+)?(?:(?:correct|right|best)\b|(?:final\s+)?answer\b))"
 )
 _LEADING = re.compile(
-    r"^\s*(?:\*\*|__)?(?:\(([A-Za-z])\)|\[([A-Za-z])\]|([A-Z])\s*[.):]|([a-z])\))"
+    r"^\s*(?:\*\*|__)?(?:\(([A-Za-z])\)|\[([A-Za-z])\]|([A-Z])(?:\s*[.):]|\s+[-\u2013]\s)"
+    r"|([a-z])\))"
 )
 _BLOCKERS = re.compile(r"(?i:\bnot\b|n't\b|\bif\b|\bwhether\b)[^.\n;,]{0,12}$")
 _SENTENCE_END = re.compile(r"\.(?=\s|$)|\n|;")
@@ -167,8 +170,8 @@ def _chain(text: str, pos: int = 0) -> tuple[list[str], int]:
 
 
 def _whole_chain(text: str, valid: str) -> list[str] | None:
-    """The letters when ``text`` is nothing but a chain of letters."""
-    stripped = text.strip().rstrip(".!").strip()
+    """The letters when ``text`` is nothing but a chain of letters (``Option B`` too)."""
+    stripped = _BODY_PREFIX.sub("", text.strip()).rstrip(".!").strip()
     letters, end = _chain(stripped)
     if not letters or end != len(stripped):
         return None
