@@ -8,7 +8,9 @@
 - :mod:`~reasonctl.rewards.choice_answers`: the option a multiple-choice response commits
   to; :mod:`~reasonctl.rewards.choice`: a sample's options and correct letter;
 - one module per reward, each holding its config model: ``format``, ``choice``, ``math``,
-  ``exact_match``, ``length``; :mod:`~reasonctl.rewards.base` is what they share.
+  ``exact_match``, ``length``; :mod:`~reasonctl.rewards.base` is what they share;
+- :mod:`~reasonctl.rewards.remote`: ``remote``, scores from a reward service
+  (:mod:`reasonctl.reward_service`).
 
 Evaluation judges answers with these rewards (:mod:`reasonctl.evaluation.answers`), so it
 scores exactly as training rewards. They are registered by :mod:`reasonctl.plugins.rewards`;
