@@ -25,7 +25,10 @@ rules of :func:`read_choice`, on the text it is given (the caller passes the las
 3. Letters are case-insensitive; a lower-case ``a`` or ``i`` followed by a word is read as
    the English word (``the answer is a truck``). A letter outside the question's options
    is not a commitment.
-4. Without a commitment, an option's text counts: the whole text, or the body of an answer
+4. An answer statement whose sentence opens with one option's text (whole words) picks
+   that option, even when the text starts like a letter (``Answer: A bus`` and ``The
+   answer is A bus, since ...`` pick the option "a bus").
+   Without a commitment, an option's text counts: the whole text, or the body of an answer
    statement, equal to one option's text (case, spacing and final punctuation ignored).
 """
 
@@ -81,7 +84,7 @@ def read_choice(text: str, valid: str, options: Mapping[str, str] | None = None
     options = options or {}
     if not text.strip():
         return ChoiceReading(None)
-    for letters in _commitments(text, valid):
+    for letters in _commitments(text, valid, options):
         distinct = sorted(set(letters))
         if len(distinct) > 1:
             return ChoiceReading(None, hedged=True)
@@ -105,11 +108,27 @@ def option_letter(text: str, options: Mapping[str, str]) -> str | None:
     return None
 
 
+def _named_option(sentence: str, options: Mapping[str, str]) -> str | None:
+    """The letter of the (longest) option whose text opens ``sentence`` as whole words
+    (``A bus, since ...`` names the option "a bus")."""
+    key = _option_key(sentence)
+    best: tuple[int, str] | None = None
+    for letter, option in options.items():
+        option_key = _option_key(option)
+        if not option_key or not key.startswith(option_key):
+            continue
+        if len(key) > len(option_key) and key[len(option_key)].isalnum():
+            continue
+        if best is None or len(option_key) > best[0]:
+            best = (len(option_key), letter)
+    return best[1] if best else None
+
+
 def _option_key(text: str) -> str:
     return normalize_text(text.strip().strip("*_").strip().rstrip(".!;,").strip("*_"))
 
 
-def _commitments(text: str, valid: str) -> list[list[str]]:
+def _commitments(text: str, valid: str, options: Mapping[str, str]) -> list[list[str]]:
     """The letters of each commitment, in the order they are written."""
     found: list[tuple[int, list[str]]] = []
     whole = _whole_chain(text, valid)
@@ -118,7 +137,9 @@ def _commitments(text: str, valid: str) -> list[list[str]]:
     for match in _STATEMENT.finditer(text):
         if _BLOCKERS.search(text[max(0, match.start() - 40) : match.start()]):
             continue
-        letters = _leading_chain(text[match.end() :], valid)
+        bare = re.match(r"(?i:option|choice)\b", match.group(0))  # "the first option is"
+        named = None if bare else _named_option(_sentence(text[match.end() :]), options)
+        letters = [named] if named else _leading_chain(text[match.end() :], valid)
         if letters:
             found.append((match.start(), letters))
     for match in _CONCLUSION.finditer(text):
@@ -193,9 +214,11 @@ def _leading_chain(body: str, valid: str) -> list[str] | None:
 
 def _statement_bodies(text: str) -> list[str]:
     """The text after each answer statement, up to the end of its sentence."""
-    bodies = []
-    for match in _STATEMENT.finditer(text):
-        body = _BODY_PREFIX.sub("", text[match.end() :])
-        end = _SENTENCE_END.search(body)
-        bodies.append(body[: end.start()] if end else body)
-    return bodies
+    return [_sentence(text[match.end() :]) for match in _STATEMENT.finditer(text)]
+
+
+def _sentence(body: str) -> str:
+    """``body`` (the text after an answer statement) up to the end of its sentence."""
+    body = _BODY_PREFIX.sub("", body)
+    end = _SENTENCE_END.search(body)
+    return body[: end.start()] if end else body
