@@ -48,9 +48,8 @@ def test_batch_scaling_divides_by_the_std_of_all_rewards() -> None:
 
 
 def test_unscored_completions_leave_the_baseline_with_zero_advantage() -> None:
-    """Completions every reward returned None for (TRL: NaN rows) do not move the group
-    mean or std and get advantage 0; computed here as TRL computes it, with nan-aware
-    statistics."""
+    """Completions every reward returned None for do not move the group mean or std and
+    get advantage 0; the expected values use NaN for them and NaN-aware statistics."""
     rewards = torch.tensor([1.0, 0.0, 0.0, 5.0, 2.0, 2.0, 3.0, 0.0], dtype=torch.float64)
     valid = torch.tensor([True, True, True, False, True, True, False, False])
     for scale in ("group", "batch", "none"):
@@ -192,3 +191,30 @@ def test_gspo_with_token_sums_is_warned_about() -> None:
     assert not GRPOConfig(importance_level="sequence",
                           loss_aggregation="seq-mean-token-mean").config_warnings()
     assert not GRPOConfig().config_warnings()
+
+
+def test_grpo_training_rows_leave_completions_no_reward_scored_at_zero(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """GRPO's step turns all-None reward components into advantage 0 and a warning."""
+    from types import SimpleNamespace
+
+    from reasonctl.algorithms.grpo import GRPO, _Rollout
+    from reasonctl.algorithms.grpo_config import GRPOConfig
+    from reasonctl.core.types import Completion, RolloutGroup, Sample
+    from reasonctl.data.processing import EncodedSample
+
+    def group(scores: list[float | None]) -> RolloutGroup:
+        completions = [Completion(str(i), [i + 1], [0.0]) for i in range(len(scores))]
+        return RolloutGroup(Sample([]), [0], completions,
+                            rewards=[s or 0.0 for s in scores],
+                            reward_components={"math": scores},
+                            prompt=EncodedSample([0], [0], num_prompt_tokens=1))
+
+    rollout = _Rollout(groups=[group([1.0, None, 0.0, 0.0]), group([None, None, 1.0, 0.0])],
+                       kept=[0, 1])
+    backend = SimpleNamespace(world_size=1)
+    with caplog.at_level("WARNING", logger="reasonctl.algorithms.grpo"):
+        rows = GRPO(GRPOConfig(scale_rewards="none"))._training_rows(rollout, backend)
+    assert [row.advantage for row in rows] == pytest.approx(
+        [1 - 1 / 3, 0.0, -1 / 3, -1 / 3, 0.0, 0.0, 0.5, -0.5])
+    assert "3 of 8 completions got None from every reward" in caplog.text

@@ -9,7 +9,8 @@ A step of :class:`GRPO`:
 2. **Rewards** from the run's :class:`~reasonctl.core.reward_set.RewardSet`; advantages
    are normalised within each group (:func:`~.grpo_loss.group_advantages`; by the group's
    or the whole batch's std, per ``scale_rewards``). A completion every reward scored
-   ``None`` is left out of its group's baseline and gets advantage 0 (as in TRL). Without
+   ``None`` is left out of its group's baseline and gets advantage 0 (TRL would count it
+   as reward 0; the first one of a run is warned about). Without
    ``dynamic_sampling`` (which needs the rewards to choose groups) scoring is submitted
    right after generation and collected after step 3, just before the update, so rewards
    that score elsewhere (``remote``) overlap the log-prob passes, which need no rewards.
@@ -35,6 +36,7 @@ order, and what each hands the next, reads in one place.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import warnings
@@ -82,6 +84,8 @@ if TYPE_CHECKING:
     from reasonctl.core.protocols import Backend, Dataset, Processor, RunContext, TokenOutputs
     from reasonctl.core.reward_set import PendingScores
     from reasonctl.core.types import PolicyBatch
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -161,6 +165,7 @@ class GRPO:
         self.loss_settings: PolicyLossSettings | None = None
         self.temperature = 1.0
         self.micro_batch_size = 1
+        self._warned_unscored = False
 
     # --- Algorithm protocol ---------------------------------------------------------------
 
@@ -308,6 +313,12 @@ class GRPO:
                                            for k in ("count", "total", "squares")))
         if not groups:
             return []
+        if not self._warned_unscored and not bool(valid.all()):
+            self._warned_unscored = True
+            logger.warning("grpo: %d of %d completions got None from every reward; they get "
+                           "advantage 0 and are left out of their group's baseline (check that "
+                           "some reward applies to every prompt)", int((~valid).sum()),
+                           valid.numel())
         advantages = group_advantages(rewards, len(groups[0].completions), scale=scale,
                                       valid=valid, batch_std=batch_std)
         return policy_rows(groups, advantages.tolist(), mask_truncated=self.config.mask_truncated)

@@ -52,7 +52,8 @@ def group_advantages(
 
     ``valid`` (bool, shaped like ``rewards``) marks scored completions; the others (every
     reward returned ``None``) are left out of the means and deviations and get advantage
-    0, as TRL does. Returns a tensor shaped like ``rewards``.
+    0 (TRL instead sums their rewards to 0 and keeps them in the baseline). Returns a
+    tensor shaped like ``rewards``.
     """
     if rewards.ndim != 1 or rewards.numel() % group_size:
         raise ValueError(
