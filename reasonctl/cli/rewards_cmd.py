@@ -62,5 +62,5 @@ def score_command(
     out.print(table)
     if report.scores.errors:
         out.print(f"{len(report.scores.errors)} completion(s) failed and scored 0 "
-                             "(rewards.on_error = \"zero\")", highlight=False)
+                  "(rewards.on_error = \"zero\")", highlight=False)
     out.print(f"scores: {path}", highlight=False)
