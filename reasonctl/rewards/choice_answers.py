@@ -12,13 +12,20 @@ rules of :func:`read_choice`, on the text it is given (the caller passes the las
    - an answer statement: ``The answer is B``, ``Answer: B``, ``**Answer:** B``,
      ``Final answer: (B)``, ``The correct option is B``, ``the answer is option B``,
      ``I choose B``, ``I'd say B``, ``B is correct``, ``Option B is the right answer``;
+     an answer statement whose claim (up to "not", "but", "rather than") marks exactly
+     one letter in parentheses: ``Answer: the bus (B), not the truck (C)``;
+   - a conclusion ending its sentence with a letter: ``So B.``, ``Therefore, (B).``,
+     ``It's B.``, ``I think it is B.``;
    - ``\\boxed{B}`` (or ``\\boxed{\\text{B}}``);
    - a letter opening the text: ``B. a dog``, ``(B) a dog``, ``B) a dog``, ``B: ...``,
-     ``B - a dog``;
-   - a letter alone on the last non-empty line: ``...\\n(B)``.
+     ``B - a dog``, ``B, because ...``;
+   - a letter alone as the last line or the last sentence: ``...\\n(B)``, ``Not A. Not
+     C. B.``.
 
-   A statement after "not", "n't" or "if" is no commitment (``the answer is not A``,
-   ``if the answer were A``), nor is a mere mention (``Option C is a truck``).
+   A letter followed by its own option's text reads as the letter alone (``(B) a dog is
+   correct`` is ``(B) is correct``). A statement after "not", "n't", "if" or "whether" is
+   no commitment (``the answer is not A``, ``if the answer were A``), nor is a mere
+   mention (``Option C is a truck``).
 2. The **first** commitment in the text decides. When it names two or more different
    letters (``(B) or (C)``, ``The answer is B or C``, ``Answer: B, C``) the response hedges:
    it picks nothing and scores 0.
@@ -52,7 +59,10 @@ _STATEMENT = re.compile(
     r"|(?i:\b(?:choose|chose|pick|select|go\s+with|going\s+with))\s+"
     r"|(?i:\b(?:i'd|i\s+would|i'll|i\s+will)\s+(?:say|guess))\s+"
 )
-_CONCLUSION = re.compile(r"(?i:\b(?:therefore|thus|hence|so))\s*,?\s*")
+_CONCLUSION = re.compile(
+    r"(?i:\b(?:therefore|thus|hence|so|it's|it\s+is|it\s+must\s+be|it\s+should\s+be))"
+    r"\s*,?\s*"
+)
 _BODY_PREFIX = re.compile(
     r"^(?i:(?:(?:most\s+)?likely|probably|clearly|definitely|obviously)\s+)?"
     r"(?i:(?:the\s+)?(?:option|choice|letter)\s+)?"
@@ -62,10 +72,13 @@ _CORRECT_AFTER = re.compile(
     r"(?i:(?:the\s+)?(?:(?:correct|right|best)\b|(?:final\s+)?answer\b))"
 )
 _LEADING = re.compile(
-    r"^\s*(?:\*\*|__)?(?:\(([A-Za-z])\)|\[([A-Za-z])\]|([A-Z])(?:\s*[.):]|\s+[-\u2013]\s)"
+    r"^\s*(?:\*\*|__)?(?:\(([A-Za-z])\)|\[([A-Za-z])\]"
+    r"|([A-Z])(?:\s*[.):]|\s+[-\u2013]\s|,\s*(?i:because|since|as|given)\b)"
     r"|([a-z])\))"
 )
 _BLOCKERS = re.compile(r"(?i:\bnot\b|n't\b|\bif\b|\bwhether\b)[^.\n;,]{0,12}$")
+_MARKED = re.compile(r"\(([A-Z])\)")
+_CONTRAST = re.compile(r"(?i:\b(?:not|but|rather\s+than|instead\s+of|unlike)\b)")
 _SENTENCE_END = re.compile(r"\.(?=\s|$)|\n|;")
 
 
@@ -84,6 +97,7 @@ def read_choice(text: str, valid: str, options: Mapping[str, str] | None = None
     options = options or {}
     if not text.strip():
         return ChoiceReading(None)
+    text = _without_option_texts(text, options)
     for letters in _commitments(text, valid, options):
         distinct = sorted(set(letters))
         if len(distinct) > 1:
@@ -106,6 +120,21 @@ def option_letter(text: str, options: Mapping[str, str]) -> str | None:
         if _option_key(option) == key:
             return letter
     return None
+
+
+def _without_option_texts(text: str, options: Mapping[str, str]) -> str:
+    """``text`` with an option's text dropped where it follows its own letter (``(B) a
+    bus`` -> ``(B)``, ``B. a bus`` -> ``B``), so the letter reads as it would alone."""
+    for letter, option in options.items():
+        words = option.strip().rstrip(".!;,").strip()
+        if not words or not letter.isalpha():
+            continue
+        body = r"\s+".join(re.escape(word) for word in words.split())
+        mark = rf"(?:\({letter}\)|\[{letter}\]|{letter}\)?)"
+        text = re.sub(
+            rf"(?<![A-Za-z0-9])({mark})(?:\s*[.:\-\u2013])?\s*(?:\*\*)?(?i:{body})(?:\*\*)?"
+            r"(?![A-Za-z0-9])", r"\1", text)
+    return text
 
 
 def _named_option(sentence: str, options: Mapping[str, str]) -> str | None:
@@ -140,9 +169,15 @@ def _commitments(text: str, valid: str, options: Mapping[str, str]) -> list[list
         bare = re.match(r"(?i:option|choice)\b", match.group(0))  # "the first option is"
         named = None if bare else _named_option(_sentence(text[match.end() :]), options)
         letters = [named] if named else _leading_chain(text[match.end() :], valid)
+        if not letters and not bare:  # "Answer: the bus (B)"
+            claim = _CONTRAST.split(_sentence(text[match.end() :]))[0]
+            marked = set(_MARKED.findall(claim)) & set(valid)
+            letters = sorted(marked) if len(marked) == 1 else None
         if letters:
             found.append((match.start(), letters))
     for match in _CONCLUSION.finditer(text):
+        if _BLOCKERS.search(text[max(0, match.start() - 40) : match.start()]):
+            continue
         body = text[match.end() :]
         letters = _leading_chain(body, valid)
         _, end = _chain(_BODY_PREFIX.sub("", body))
@@ -163,11 +198,12 @@ def _commitments(text: str, valid: str, options: Mapping[str, str]) -> list[list
         letter = next(g for g in leading.groups() if g).upper()
         if letter in valid:
             found.append((leading.start(), [letter]))
-    lines = [line for line in text.splitlines() if line.strip()]
-    if len(lines) > 1:
-        letters = _whole_chain(lines[-1], valid)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    sentences = re.split(r"(?<=[.!?])\s+", lines[-1]) if lines else []
+    if len(lines) > 1 or len(sentences) > 1:  # "...\n(B)", "Not A. Not C. B."
+        letters = _whole_chain(sentences[-1], valid)
         if letters:
-            found.append((text.rindex(lines[-1]), letters))
+            found.append((text.rindex(sentences[-1]), letters))
     found.sort(key=lambda item: item[0])
     return [letters for _, letters in found]
 
