@@ -378,6 +378,24 @@ def test_a_pathological_answer_cannot_stall_scoring_even_off_the_main_thread(
     assert time.monotonic() - started < 30
 
 
+def test_a_timed_out_comparison_is_not_retried_and_the_judge_recovers() -> None:
+    import time
+
+    from reasonctl.rewards.math_judge import SymbolicJudge
+
+    judge = SymbolicJudge()
+    try:
+        tower = "9^{9^{9^{9}}}"
+        assert judge.equivalent(tower, "1", timeout_s=1.0) is False
+        assert judge.timeouts == 1
+        started = time.monotonic()
+        assert judge.equivalent(tower, "1", timeout_s=1.0) is False  # remembered
+        assert time.monotonic() - started < 0.5 and judge.timeouts == 2
+        assert judge.equivalent(r"\sqrt{8}", r"2\sqrt2", timeout_s=30.0) is True
+    finally:
+        judge.close()
+
+
 # --- exact_match ------------------------------------------------------------------------------
 
 

@@ -41,7 +41,7 @@ class MathConfig(RewardConfig):
     timeout_s: float = Field(
         default=DEFAULT_TIMEOUT_S, gt=0,
         description="Time limit of one symbolic comparison; when it runs out the answer "
-        "scores 0.",
+        "scores 0 (and the same comparison is not retried for 5 minutes).",
     )
 
     @field_validator("answer_tag")

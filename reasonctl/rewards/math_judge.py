@@ -13,6 +13,10 @@ the main thread) and bounds every comparison, whatever the expression.
 
 One judge per process is shared by every ``math`` reward and by evaluation
 (:func:`shared_judge`); it serialises requests with a lock and remembers recent answers.
+A comparison that ran out of time is not retried for :data:`TIMEOUT_MEMORY_S` seconds (a
+group of identical pathological answers costs one time limit, not one each), and the
+replacement child starts as soon as the old one is killed, so its start-up overlaps the
+comparisons that need no SymPy.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ WORKER = Path(__file__).with_name("math_worker.py")
 STARTUP_TIMEOUT_S = 120.0
 """How long the child may take to start (importing SymPy on a busy machine)."""
 CACHE_SIZE = 4096
+TIMEOUT_MEMORY_S = 300.0
+"""How long a comparison that ran out of time counts as not equal without being retried."""
 MAX_EXPRESSION_CHARS = 1000
 """Longer answers are not parsed symbolically (they are compared as text only)."""
 
@@ -51,6 +57,8 @@ class SymbolicJudge:
         self._owner = 0
         self._buffer = b""
         self._cache: OrderedDict[tuple[str, ...], Any] = OrderedDict()
+        self._timed_out: dict[tuple[str, ...], float] = {}
+        self._ready = False
         self.timeouts = 0
         """How many comparisons ran out of time (and were counted as not equal)."""
 
@@ -90,14 +98,22 @@ class SymbolicJudge:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
+            now = time.monotonic()
+            if now - self._timed_out.get(key, -TIMEOUT_MEMORY_S) < TIMEOUT_MEMORY_S:
+                self.timeouts += 1
+                return None
             if key[0] == "verify":
                 request = {"op": "verify", "gold": key[1], "pred": key[2]}
             else:
                 request = {"op": "value", "expr": key[1]}
             try:
                 result = self._request(request, timeout_s)
-            except TimeoutError:  # not remembered: a busy machine may be to blame
+            except TimeoutError:  # remembered a while only: a busy machine may be to blame
                 self.timeouts += 1
+                self._timed_out = {k: t for k, t in self._timed_out.items()
+                                   if now - t < TIMEOUT_MEMORY_S}
+                self._timed_out[key] = time.monotonic()
+                self._spawn()  # the replacement starts now, while the caller goes on
                 logger.warning(
                     "math: comparing %r with %r took longer than %.1f s; scored as not equal "
                     "(the comparison process was restarted)", key[-1][:80], key[1][:80],
@@ -121,17 +137,25 @@ class SymbolicJudge:
             return None
         return json.loads(line).get("result")
 
-    def _ensure_started(self) -> subprocess.Popen[bytes]:
-        if self._process is not None and self._owner == os.getpid() \
-                and self._process.poll() is None:
-            return self._process
-        self._process = None  # a child of another process (after fork) or one that died
-        self._buffer = b""
-        process = subprocess.Popen(
+    def _spawn(self) -> None:
+        """Start a child process; :meth:`_ensure_started` waits for it to be ready."""
+        self._process = subprocess.Popen(
             [sys.executable, "-I", "-u", str(WORKER)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         )
-        self._process, self._owner = process, os.getpid()
+        self._owner, self._buffer, self._ready = os.getpid(), b"", False
+
+    def _ensure_started(self) -> subprocess.Popen[bytes]:
+        alive = self._process is not None and self._owner == os.getpid() \
+            and self._process.poll() is None
+        if alive and self._ready:
+            assert self._process is not None
+            return self._process
+        if not alive:  # none yet, a child of another process (after fork) or one that died
+            self._process = None
+            self._spawn()
+        process = self._process
+        assert process is not None
         try:
             ready = json.loads(self._read_line(STARTUP_TIMEOUT_S))
         except (TimeoutError, EOFError, ValueError) as exc:
@@ -143,6 +167,7 @@ class SymbolicJudge:
         if not ready.get("ready"):
             self._stop()
             raise RuntimeError(f"the math comparison process answered {ready!r} on start")
+        self._ready = True
         return process
 
     def _read_line(self, timeout_s: float) -> bytes:
@@ -167,7 +192,7 @@ class SymbolicJudge:
 
     def _stop(self) -> None:
         process, self._process = self._process, None
-        self._buffer = b""
+        self._buffer, self._ready = b"", False
         if process is None or self._owner != os.getpid():
             return
         if process.poll() is None:
