@@ -155,3 +155,167 @@ def test_split_sequences_match_the_whole_model(world: int, cases: dict[str, Any]
         for param, grad in want["grads"].items():
             torch.testing.assert_close(got["grads"][param], grad, atol=1e-5, rtol=1e-3,
                                        msg=f"{name}: {param}")
+
+
+# --- the fsdp backend with cp = 2, through `reasonctl run` ---------------------------------------
+
+
+def _run_in_process(config_file: Path, *overrides: str) -> Any:
+    from reasonctl.core.config import load_config
+    from reasonctl.core.plugins import PluginHost
+    from reasonctl.core.runner import run
+
+    host = PluginHost.load()
+    result = run(load_config(config_file, list(overrides), registry=host.registry), host=host)
+    assert result.status == "completed"
+    return result
+
+
+def _launch(config_file: Path, output_dir: Path, *extra: str, processes: int = 2) -> None:
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "reasonctl", "run", "--backend", "fsdp",
+               "--nproc-per-node", str(processes), "--config", str(config_file),
+               "--output-dir", str(output_dir), *extra]
+    proc = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
+def _losses(output_dir: Path) -> dict[int, float]:
+    from reasonctl.loggers.metrics_file import read_metrics
+
+    return {r["step"]: r["loss"] for r in read_metrics(output_dir / "metrics.jsonl")}
+
+
+def _sft_config(root: Path, model_dir: Path) -> Path:
+    import json
+
+    words = ("context", "parallel", "sequence", "attention", "gather", "shard", "ring", "chunk")
+    rows = [{"messages": [
+        {"role": "user", "content": f"Spell '{w}' backwards, then repeat it twice: "},
+        {"role": "assistant", "content": f"<answer>{w[::-1]} {w[::-1]} {w[::-1]}</answer>"}]}
+        for w in words]
+    data = root / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = root / "sft.toml"
+    config.write_text(f"""
+[run]
+seed = 5
+[model]
+name_or_path = "{model_dir}"
+[data]
+format = "jsonl"
+[data.jsonl]
+path = "{data}"
+[train]
+lr = 5e-3
+max_steps = 4
+global_batch_size = 4
+micro_batch_size = 2
+[backend]
+device = "cpu"
+[checkpoint]
+every_steps = 2
+[logging]
+loggers = ["jsonl"]
+plot = false
+""")
+    return config
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_sft_with_cp_pair_matches_one_process_and_resumes_in_one(tmp_path: Path,
+                                                                 tiny_model_dir: Path) -> None:
+    """``backend.fsdp.cp = 2``: both processes train on the same rows, each on half of
+    every sequence; the losses and the exported weights are the single-device run's, and
+    the pair's checkpoint resumes in one process."""
+    from safetensors.torch import load_file
+
+    config = _sft_config(tmp_path, tiny_model_dir)
+    single, pair = tmp_path / "single", tmp_path / "cp2"
+    _run_in_process(config, f"run.output_dir={single}", "backend.name=single")
+    _launch(config, pair, "--set", "backend.fsdp.cp=2")
+    want, got = _losses(single), _losses(pair)
+    assert sorted(got) == [1, 2, 3, 4]
+    for step in got:
+        assert got[step] == pytest.approx(want[step], rel=1e-4), step
+
+    def weights(run: Path) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for file in (run / "export" / "final").glob("*.safetensors"):
+            out.update(load_file(file))
+        return out
+
+    exported, reference = weights(pair), weights(single)
+    assert exported.keys() == reference.keys()
+    for name, tensor in exported.items():
+        torch.testing.assert_close(tensor, reference[name], atol=1e-5, rtol=1e-4)
+    config_json = (pair / "export" / "final" / "config.json").read_text()
+    assert "context_parallel" not in config_json  # the export loads with stock attention
+
+    resumed = tmp_path / "resumed"
+    _run_in_process(config, f"run.output_dir={resumed}", "backend.name=single",
+                    f"run.resume=\"{pair / 'checkpoints' / 'step_2'}\"")
+    after = _losses(resumed)
+    assert sorted(after) == [3, 4]
+    for step in after:
+        assert after[step] == pytest.approx(got[step], rel=1e-4), step
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_grpo_with_cp_pair_matches_one_process(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """GRPO with a KL reference and two updates per rollout (so the old-log-prob,
+    reference and update passes all run split over the pair) follows the one-process run."""
+    import json
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(
+        json.dumps({"prompt": f"Item {i}: reply with a short word about context.",
+                    "reference": "A"}) + "\n" for i in range(8)))
+    config = tmp_path / "grpo.toml"
+    config.write_text(f"""
+[run]
+seed = 1
+[model]
+name_or_path = "{tiny_model_dir}"
+max_length = 96
+[data]
+format = "jsonl"
+[data.jsonl]
+path = "{prompts}"
+[algorithm]
+name = "grpo"
+[algorithm.grpo]
+prompts_per_step = 2
+kl_beta = 0.1
+ppo_epochs = 2
+[rollout]
+n = 4
+max_new_tokens = 8
+[train]
+lr = 1e-2
+max_steps = 2
+micro_batch_size = 4
+[backend]
+device = "cpu"
+[[rewards.components]]
+name = "length"
+max_length = 4
+buffer = 4
+[checkpoint]
+export_final = false
+[logging]
+loggers = ["jsonl"]
+plot = false
+""")
+    single, pair = tmp_path / "single", tmp_path / "cp2"
+    _run_in_process(config, f"run.output_dir={single}", "backend.name=fsdp")
+    _launch(config, pair, "--set", "backend.fsdp.cp=2")
+    want, got = _losses(single), _losses(pair)
+    assert sorted(got) == [1, 2]
+    for step in got:
+        assert got[step] == pytest.approx(want[step], rel=1e-4, abs=1e-6), step
