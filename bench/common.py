@@ -45,12 +45,13 @@ CHAT_TEMPLATE = (
 
 
 def qwen25_config(size: str) -> Any:
-    """A ``Qwen2Config`` of the named shape (tied embeddings, rope theta 1e6, bf16)."""
+    """A ``Qwen2Config`` of the named shape (rope theta 1e6, bf16; embeddings tied below
+    7B, as in Qwen2.5)."""
     from transformers import Qwen2Config
 
     return Qwen2Config(
         vocab_size=VOCAB, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
-        tie_word_embeddings=True, use_cache=False, dtype="bfloat16",
+        tie_word_embeddings=size != "7b", use_cache=False, dtype="bfloat16",
         bos_token_id=word_count(), eos_token_id=word_count() + 2, pad_token_id=word_count(),
         **SHAPES[size],
     )

@@ -54,6 +54,7 @@ from reasonctl.core.protocols import (
     LossFn,
     Needs,
     Processor,
+    ProvidesChangedWeights,
     ProvidesGenerationModel,
     ReportsEfficiency,
     ReportsMemory,
@@ -68,6 +69,7 @@ from reasonctl.core.protocols import (
     SubmitsAsync,
     SupportsReferenceModel,
     TokenOutputs,
+    UpdatesChangedWeights,
     ValidatesRunConfig,
 )
 from reasonctl.core.registry import Registrar
@@ -212,6 +214,7 @@ __all__ = [
     "PolicyLossSettings",
     "PolicyRow",
     "Processor",
+    "ProvidesChangedWeights",
     "ProvidesGenerationModel",
     "ReasonctlError",
     "Registrar",
@@ -238,6 +241,7 @@ __all__ = [
     "TokenOutputs",
     "TrainBatch",
     "UnknownComponentError",
+    "UpdatesChangedWeights",
     "ValidatesRunConfig",
     "__version__",
     "as_reward",

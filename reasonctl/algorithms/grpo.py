@@ -93,6 +93,8 @@ class _Rollout:
     reward_seconds: float = 0.0
     reward_wait_seconds: float = 0.0
     pending: PendingScores | None = None  # scoring submitted, not collected yet
+    sync: Metrics = field(default_factory=dict)
+    """What loading the trainer's weights into the engine took (see sync_engine_weights)."""
 
 
 @dataclass
@@ -236,9 +238,7 @@ class GRPO:
         backend = _backend(ctx)
         assert ctx.engine is not None
         out = _Rollout()
-        generate_started = time.perf_counter()
-        sync_engine_weights(ctx.engine, backend)
-        out.generate_seconds += time.perf_counter() - generate_started
+        out.sync = sync_engine_weights(ctx.engine, backend)
         rounds = cfg.max_sampling_rounds if cfg.dynamic_sampling else 1
         per_rank = cfg.prompts_per_step // backend.world_size
         for round_index in range(rounds):
@@ -452,6 +452,7 @@ class GRPO:
             "time/rollout_s": rollout.generate_seconds,
             "time/reward_s": rollout.reward_seconds,
             "time/reward_wait_s": rollout.reward_wait_seconds,
+            **rollout.sync,
         })
         return metrics
 

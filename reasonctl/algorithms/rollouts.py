@@ -20,14 +20,21 @@ score elsewhere, such as ``remote``, run meanwhile) and :func:`collect_groups` w
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from reasonctl.core.errors import ReasonctlError
-from reasonctl.core.protocols import shares_policy_weights
+from reasonctl.core.protocols import (
+    changed_state_dict,
+    shares_policy_weights,
+    updates_changed_weights,
+)
 from reasonctl.core.types import Completion, Metrics, RolloutGroup, Sample, SamplingParams
 
 if TYPE_CHECKING:
+    import torch
+
     from reasonctl.core.config import RunConfig
     from reasonctl.core.protocols import Backend, RolloutEngine, RunContext
     from reasonctl.core.reward_set import PendingScores
@@ -55,10 +62,40 @@ def mix_seed(run_seed: int, *parts: int) -> int:
     return value
 
 
-def sync_engine_weights(engine: RolloutEngine, backend: Backend) -> None:
-    """Load the trainer's current weights into ``engine`` unless it shares them already."""
-    if not shares_policy_weights(engine):
-        engine.update_weights(backend.full_state_dict())
+def sync_engine_weights(engine: RolloutEngine, backend: Backend) -> Metrics:
+    """Load the trainer's current weights into ``engine`` unless it shares them already.
+
+    Only the changed tensors are sent when the backend knows them (LoRA: the merged
+    weights of the adapted layers) and the engine can take a subset; otherwise every
+    tensor. Returns ``time/weight_sync_s``, ``weight_sync/tensors`` and ``weight_sync/mb``
+    (empty when the engine shares the trainer's weights).
+    """
+    if shares_policy_weights(engine):
+        return {}
+    started = time.perf_counter()
+    changed = changed_state_dict(backend) if updates_changed_weights(engine) else None
+    sent = _Counted(changed if changed is not None else backend.full_state_dict())
+    if changed is not None:
+        engine.update_changed_weights(sent)  # type: ignore[attr-defined]
+    else:
+        engine.update_weights(sent)
+    return {"time/weight_sync_s": time.perf_counter() - started,
+            "weight_sync/tensors": float(sent.tensors), "weight_sync/mb": sent.bytes / 1e6}
+
+
+class _Counted:
+    """Passes named tensors through, counting them and their bytes."""
+
+    def __init__(self, named: Iterator[tuple[str, torch.Tensor]]) -> None:
+        self.named = named
+        self.tensors = 0
+        self.bytes = 0
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self.named:
+            self.tensors += 1
+            self.bytes += tensor.numel() * tensor.element_size()
+            yield name, tensor
 
 
 def sample_groups(

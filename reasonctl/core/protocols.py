@@ -469,6 +469,21 @@ class ProvidesGenerationModel(Protocol):
 
 
 @runtime_checkable
+class ProvidesChangedWeights(Protocol):
+    """Optional for backends: the few tensors that differ from the source model.
+
+    ``changed_state_dict()`` yields full tensors by Hugging Face name of only the weights
+    training can have changed (with LoRA: the merged weights of the adapted layers), or
+    returns ``None`` when any weight may have changed. Default: ``None``, so engines get
+    :meth:`Backend.full_state_dict`.
+    """
+
+    def changed_state_dict(self) -> Iterator[tuple[str, torch.Tensor]] | None:
+        """The changed tensors (all ranks iterate to the end), or ``None``."""
+        ...
+
+
+@runtime_checkable
 class ReportsEfficiency(Protocol):
     """Optional for backends: FLOP counts for the ``mfu`` metric (default: no ``mfu``)."""
 
@@ -546,6 +561,20 @@ class SharesPolicyWeights(Protocol):
     rollout, see :func:`reasonctl.sync_engine_weights`)."""
 
     shares_policy_weights: bool
+
+
+@runtime_checkable
+class UpdatesChangedWeights(Protocol):
+    """Optional for engines: load some tensors by name and keep the others as they are.
+
+    Engines that hold the source model's weights take only the changed tensors of a
+    backend offering :class:`ProvidesChangedWeights` (default: every tensor through
+    :meth:`RolloutEngine.update_weights`).
+    """
+
+    def update_changed_weights(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Copy the given full tensors into the weights of the same names, in place."""
+        ...
 
 
 @runtime_checkable
@@ -665,6 +694,18 @@ def streams_samples(dataset: Any) -> bool:
     return isinstance(dataset, StreamsSamples) and not isinstance(dataset, Dataset)
 
 
+def changed_state_dict(backend: Backend) -> Iterator[tuple[str, torch.Tensor]] | None:
+    """The backend's changed tensors, or ``None`` (the default: any may have changed)."""
+    if isinstance(backend, ProvidesChangedWeights):
+        return backend.changed_state_dict()
+    return None
+
+
+def updates_changed_weights(engine: RolloutEngine) -> bool:
+    """Whether ``engine`` can load a subset of its weights (``False`` by default)."""
+    return isinstance(engine, UpdatesChangedWeights)
+
+
 def skipped_rows(dataset: Dataset | StreamsSamples) -> int:
     """How many malformed rows ``dataset`` skipped (0 by default)."""
     return int(dataset.skipped_rows) if isinstance(dataset, CountsSkippedRows) else 0
@@ -694,6 +735,7 @@ __all__ = [
     "MediaType",
     "Needs",
     "Processor",
+    "ProvidesChangedWeights",
     "ProvidesGenerationModel",
     "ReadsStreams",
     "ReportsEfficiency",
@@ -710,8 +752,10 @@ __all__ = [
     "SubmitsAsync",
     "SupportsReferenceModel",
     "TokenOutputs",
+    "UpdatesChangedWeights",
     "ValidatesRunConfig",
     "algorithm_needs",
+    "changed_state_dict",
     "generation_model",
     "reward_media_type",
     "shares_policy_weights",

@@ -1,0 +1,246 @@
+"""The ``webdataset`` format: tar shards written here, read locally and from moto's S3 server.
+
+Every sample is seen once per epoch across data-parallel ranks, a position taken after any
+sample continues with the very next one (shuffle buffer and reader threads included), a
+corrupt shard is named (or skipped), and an SFT run on S3 shards resumes to the same losses.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import signal
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reasonctl import hookimpl
+from reasonctl.core.errors import DataError
+from reasonctl.data.formats.webdataset import WebDatasetConfig, build_webdataset
+from reasonctl.data.tar_shards import expand_braces
+from reasonctl.data.webdataset_stream import WebDatasetStream
+from tests.storage_servers import Bucket, S3Server, use_server
+
+SIZES = (5, 3, 4, 6, 2, 5)
+"""Samples per shard (uneven on purpose)."""
+
+
+def write_shard(path: Path, shard: int, count: int) -> list[str]:
+    """A tar of ``count`` samples (``.json`` row, ``.txt`` caption); returns their keys."""
+    keys = []
+    with tarfile.open(path, "w") as tar:
+        for index in range(count):
+            key = f"s{shard:02d}/k{index:03d}"
+            members = {"json": json.dumps({"prompt": f"what is {shard}-{index}?"}).encode(),
+                       "txt": f"answer {shard}-{index}".encode()}
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            keys.append(key)
+    return keys
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> tuple[list[Path], list[str]]:
+    paths, keys = [], []
+    for shard, count in enumerate(SIZES):
+        path = tmp_path / f"shard-{shard:06d}.tar"
+        keys += write_shard(path, shard, count)
+        paths.append(path)
+    return paths, keys
+
+
+def stream(paths: list[Any], **options: Any) -> WebDatasetStream:
+    shuffle = options.pop("shuffle", True)
+    config = WebDatasetConfig(shards=[str(p) for p in paths], **options)
+    dataset = build_webdataset(config)
+    dataset.shuffle, dataset.seed = shuffle, 3
+    return dataset
+
+
+def one_epoch(dataset: Any, rank: int, world_size: int, epoch: int = 0) -> list[str]:
+    out = []
+    for sample, position in dataset.iterate(rank, world_size, None):
+        if position["epoch"] > epoch:
+            break
+        if position["epoch"] == epoch:
+            out.append(sample.meta["key"])
+    return out
+
+
+def test_brace_ranges_keep_zero_padding() -> None:
+    assert expand_braces("s3://b/{000008..000011}.tar") == [
+        "s3://b/000008.tar", "s3://b/000009.tar", "s3://b/000010.tar", "s3://b/000011.tar"]
+    assert expand_braces("{a,b}-{1..2}") == ["a-1", "a-2", "b-1", "b-2"]
+
+
+@pytest.mark.parametrize("workers,buffer", [(1, 0), (2, 5)])
+def test_every_sample_once_per_epoch_across_two_ranks(
+    shards: tuple[list[Path], list[str]], workers: int, buffer: int
+) -> None:
+    paths, keys = shards
+    dataset = stream(paths, workers=workers, shuffle_buffer=buffer)
+    seen = [one_epoch(dataset, rank, 2) for rank in range(2)]
+    assert sorted(seen[0] + seen[1]) == sorted(keys)
+    assert not set(seen[0]) & set(seen[1])
+    # the stream goes on: the next epoch deals the shards in another order
+    again = [one_epoch(dataset, rank, 2, epoch=1) for rank in range(2)]
+    assert sorted(again[0] + again[1]) == sorted(keys)
+    assert again != seen
+    sample = next(dataset.iterate(0, 1, None))[0]
+    assert sample.messages[-1].role == "assistant" and sample.reference.startswith("answer")
+
+
+def test_position_resumes_at_the_next_sample(shards: tuple[list[Path], list[str]]) -> None:
+    paths, _ = shards
+    dataset = stream(paths, workers=2, shuffle_buffer=4)
+    full = []
+    positions = []
+    for sample, position in dataset.iterate(1, 2, None):
+        full.append(sample.meta["key"])
+        positions.append(json.loads(json.dumps(position)))  # what a checkpoint stores
+        if len(full) == 30:  # past the end of rank 1's first epoch
+            break
+    for cut in (0, 3, 7, len(full) - 12):
+        resumed = dataset.iterate(1, 2, positions[cut])
+        after = [next(resumed)[0].meta["key"] for _ in range(10)]
+        resumed.close()
+        assert after == full[cut + 1 : cut + 11], cut
+
+
+def corrupt(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[4096:4608] = b"\xff" * 512  # the third sample's first header (2 KiB a sample)
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_shard_named_or_skipped(shards: tuple[list[Path], list[str]],
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    paths, keys = shards
+    corrupt(paths[3])
+    with pytest.raises(DataError, match=rf"{paths[3].name}.*on_bad_shard"):
+        one_epoch(stream(paths, shuffle=False), 0, 1)
+    dataset = stream(paths, shuffle=False, on_bad_shard="skip")
+    with caplog.at_level(logging.WARNING, logger="reasonctl.data.webdataset"):
+        seen = one_epoch(dataset, 0, 1)
+    assert str(paths[3]) in caplog.text
+    bad = [k for k in keys if k.startswith("s03/")]
+    # the first sample is kept; the second, last before the damage, may miss members
+    assert set(seen) == set(keys) - set(bad[1:])
+
+
+def test_missing_shard_and_unmappable_sample_are_reported(tmp_path: Path,
+                                                          shards: tuple[list[Path], list[str]]
+                                                          ) -> None:
+    paths, _ = shards
+    with pytest.raises(DataError, match="shard not found"):
+        stream([*paths, tmp_path / "nope.tar"])
+    odd = tmp_path / "odd.tar"
+    with tarfile.open(odd, "w") as tar:
+        info = tarfile.TarInfo("x/1.bin")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"\0"))
+    with pytest.raises(DataError, match=r"odd.tar:x/1: no text to train on.*json_ext"):
+        next(stream([odd]).iterate(0, 1, None))
+
+
+# --- S3 ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[S3Server]:
+    with S3Server() as s3:
+        yield s3
+
+
+@pytest.fixture
+def bucket(server: S3Server, monkeypatch: pytest.MonkeyPatch,
+           shards: tuple[list[Path], list[str]]) -> Bucket:
+    s3 = use_server(server, monkeypatch)
+    client = s3.client()
+    for index, path in enumerate(shards[0]):
+        client.upload_file(str(path), s3.name, f"train/{index:06d}.tar")
+    return s3
+
+
+def s3_stream(bucket: Bucket, **options: Any) -> WebDatasetStream:
+    from reasonctl.storage.s3.client import S3Storage
+    from reasonctl.storage.s3.config import S3StorageConfig
+
+    config = WebDatasetConfig(
+        shards=f"s3://{bucket.name}/train/{{000000..{len(SIZES) - 1:06d}}}.tar", **options)
+    from reasonctl.data.tar_shards import expand_shards
+
+    storage = S3Storage(S3StorageConfig(max_attempts=2, backoff_s=0))
+    shards = expand_shards(config.shards, list_remote=storage.list, option="shards")
+    return WebDatasetStream(shards, config, storage_for=lambda uri: storage, seed=5,
+                            shuffle=True)
+
+
+def test_s3_shards_split_over_two_ranks_and_resume(
+    bucket: Bucket, shards: tuple[list[Path], list[str]]
+) -> None:
+    dataset = s3_stream(bucket, workers=2, shuffle_buffer=3)
+    seen = [one_epoch(dataset, rank, 2) for rank in range(2)]
+    assert sorted(seen[0] + seen[1]) == sorted(shards[1])
+    stream0 = dataset.iterate(0, 2, None)
+    taken = [next(stream0) for _ in range(9)]
+    stream0.close()
+    resumed = dataset.iterate(0, 2, json.loads(json.dumps(taken[4][1])))
+    assert [next(resumed)[0].meta["key"] for _ in range(4)] == \
+        [s.meta["key"] for s, _ in taken[5:9]]
+    resumed.close()
+
+
+def test_s3_corrupt_shard_is_named(bucket: Bucket, shards: tuple[list[Path], list[str]]
+                                   ) -> None:
+    corrupt(shards[0][2])
+    bucket.client().upload_file(str(shards[0][2]), bucket.name, "train/000002.tar")
+    with pytest.raises(DataError, match=rf"s3://{bucket.name}/train/000002.tar"):
+        one_epoch(s3_stream(bucket), 0, 1)
+
+
+class Losses:
+    def __init__(self, stop_at: int | None = None) -> None:
+        self.by_step: dict[int, float] = {}
+        self.stop_at = stop_at
+
+    @hookimpl
+    def on_step_end(self, ctx: Any, step: int, metrics: dict[str, float]) -> None:
+        self.by_step[step] = metrics["loss"]
+        if step == self.stop_at:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+def test_sft_on_s3_shards_resumes_like_an_uninterrupted_run(bucket: Bucket,
+                                                             tmp_path: Path) -> None:
+    from reasonctl.sdk.api import run
+
+    def config(out: Path, **run_section: Any) -> dict[str, Any]:
+        return {
+            "run": {"output_dir": str(out), "seed": 7, **run_section},
+            "data": {"format": "webdataset", "shuffle": True,
+                     "webdataset": {"shards": f"s3://{bucket.name}/train/", "workers": 2,
+                                    "shuffle_buffer": 4}},
+            "train": {"lr": 5e-3, "max_steps": 6, "global_batch_size": 4,
+                      "micro_batch_size": 2},
+            "backend": {"name": "single", "device": "cpu"},
+            "logging": {"loggers": []},
+            "checkpoint": {"every_steps": 3, "keep": 1},
+        }
+
+    reference = Losses()
+    assert run(config(tmp_path / "a"), plugins=[reference]).status == "completed"
+    first = Losses(stop_at=3)
+    assert run(config(tmp_path / "b"), plugins=[first]).status == "interrupted"
+    second = Losses()
+    result = run(config(tmp_path / "b", resume=True), plugins=[second])
+    assert result.status == "completed" and sorted(second.by_step) == [4, 5, 6]
+    for step in (4, 5, 6):
+        assert second.by_step[step] == reference.by_step[step], step
