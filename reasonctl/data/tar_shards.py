@@ -133,7 +133,7 @@ class ShardOpener:
         """A binary stream of ``shard`` from byte ``start``."""
         if not is_remote(shard):
             try:
-                handle = open(shard, "rb")  # noqa: SIM115 - the caller closes it
+                handle = open(shard, "rb")
             except OSError as exc:
                 raise ShardError(shard, f"cannot open: {exc.strerror or exc}") from None
             handle.seek(start)
@@ -151,7 +151,7 @@ class ShardOpener:
             local = self._download(storage, shard)
         except StorageError as exc:
             raise ShardError(shard, str(exc).removeprefix(f"{shard}: ")) from None
-        handle = open(local, "rb")  # noqa: SIM115
+        handle = open(local, "rb")
         handle.seek(start)
         return handle
 
