@@ -245,3 +245,49 @@ def test_sft_on_s3_shards_resumes_like_an_uninterrupted_run(bucket: Bucket,
     assert result.status == "completed" and sorted(second.by_step) == [3, 4]
     for step in (3, 4):
         assert second.by_step[step] == reference.by_step[step], step
+
+
+@pytest.mark.slow
+def test_grpo_prompts_from_shards_resume_like_an_uninterrupted_run(tmp_path: Path,
+                                                                   tiny_model_dir: Path
+                                                                   ) -> None:
+    import reasonctl
+
+    for shard in range(3):
+        with tarfile.open(tmp_path / f"p{shard}.tar", "w") as tar:
+            for index in range(4):
+                letter = "AB"[(shard + index) % 2]
+                data = json.dumps({"prompt": f"Item {shard}.{index}. Reply with {letter}.",
+                                   "reference": letter}).encode()
+                info = tarfile.TarInfo(f"p{shard}_{index}.json")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+    def parity(completion: str, sample: Any) -> float:
+        return float(len(completion.encode()) % 2 == 0)
+
+    def config(name: str, steps: int, **run_section: Any) -> dict[str, Any]:
+        return {
+            "run": {"output_dir": str(tmp_path / name), "seed": 0, **run_section},
+            "model": {"name_or_path": str(tiny_model_dir), "max_length": 64},
+            "data": {"format": "webdataset", "shuffle": True,
+                     "webdataset": {"shards": str(tmp_path / "p*.tar"), "shuffle_buffer": 3}},
+            "algorithm": {"name": "grpo", "grpo": {"prompts_per_step": 2}},
+            "rollout": {"n": 4, "max_new_tokens": 6, "temperature": 1.0},
+            "train": {"lr": 1e-2, "max_steps": steps, "micro_batch_size": 4},
+            "backend": {"name": "single", "device": "cpu"},
+            "checkpoint": {"export_final": False, "every_steps": 2},
+            "logging": {"loggers": ["jsonl"]},
+        }
+
+    def metrics(name: str) -> list[dict[str, Any]]:
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+    reasonctl.run(config("full", 4), rewards=[parity])
+    reasonctl.run(config("part", 2), rewards=[parity])
+    reasonctl.run(config("part", 4, resume=True), rewards=[parity])
+    expected, got = metrics("full"), metrics("part")
+    assert [r["step"] for r in got] == [1, 2, 3, 4]
+    for key in ("reward/mean", "response_length/mean", "loss"):
+        assert [r[key] for r in got] == pytest.approx([r[key] for r in expected], rel=1e-5)
