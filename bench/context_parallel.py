@@ -106,7 +106,8 @@ def measure(runner: Runner, args: argparse.Namespace, config: Path, cp: int, seq
     out.update(tokens_per_step=tokens, timed_steps=len(timed),
                tokens_per_s=round(tokens * len(timed) / seconds, 1),
                step_time_s=round(seconds / len(timed), 3),
-               peak_mem_gb=max((float(r.get("peak_mem_gb", 0.0)) for r in rows), default=None),
+               peak_mem_gb=max((float(r["peak_mem_gb"]) for r in rows if "peak_mem_gb" in r),
+                               default=None),
                loss=rows[-1].get("loss"))
     return out
 

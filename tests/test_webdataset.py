@@ -291,3 +291,28 @@ def test_grpo_prompts_from_shards_resume_like_an_uninterrupted_run(tmp_path: Pat
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     for key in ("reward/mean", "response_length/mean", "loss"):
         assert [r[key] for r in got] == pytest.approx([r[key] for r in expected], rel=1e-5)
+
+
+def test_streamed_order_checkpoints_and_refuses_other_layouts(
+    shards: tuple[list[Path], list[str]]
+) -> None:
+    from reasonctl.algorithms.sample_order import sample_order, steps_per_epochs
+    from reasonctl.core.errors import ConfigError
+
+    dataset = stream(shards[0], workers=2)
+    order = sample_order(dataset, seed=0, shuffle=True, rank=0, world_size=1)
+    first = [s.load().meta["key"] for s in order.draw(4).items]
+    saved = json.loads(json.dumps(order.checkpoint_state(order.state_dict())))
+    following = [s.load().meta["key"] for s in order.draw(4).items]
+    order.close()
+    again = sample_order(dataset, seed=0, shuffle=True, rank=0, world_size=1)
+    again.load_state_dict(saved)
+    assert [s.load().meta["key"] for s in again.draw(4).items] == following
+    assert first != following
+    again.close()
+    with pytest.raises(ConfigError, match="1 data-parallel rank.*this run has 2"):
+        sample_order(dataset, seed=0, shuffle=True, rank=0, world_size=2).load_state_dict(saved)
+    with pytest.raises(ConfigError, match="not a stream position"):
+        again.load_state_dict({"epoch": 0, "index": 3})
+    with pytest.raises(ConfigError, match="train.max_steps"):
+        steps_per_epochs(again, 1, 4, format_name="webdataset")

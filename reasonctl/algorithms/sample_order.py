@@ -26,6 +26,7 @@ from reasonctl.algorithms.sampling import EpochSampler
 from reasonctl.core.errors import ConfigError
 from reasonctl.core.protocols import Dataset, StreamsSamples, streams_samples
 from reasonctl.core.types import Sample
+from reasonctl.data.datasets import shard
 
 
 @dataclass
@@ -67,9 +68,7 @@ class IndexedOrder:
 
     def draw(self, global_count: int) -> Draw:
         """This rank's contiguous share of the next ``global_count`` indices."""
-        indices = self.sampler.take(global_count)
-        per_rank = global_count // self.world_size
-        mine = indices[self.rank * per_rank : (self.rank + 1) * per_rank]
+        mine = shard(self.sampler.take(global_count), self.rank, self.world_size)
         dataset = self.dataset
         return Draw([Drawn(i, lambda i=i: dataset[i]) for i in mine])
 
@@ -116,6 +115,9 @@ class StreamedOrder:
 
     def draw(self, global_count: int) -> Draw:
         """The next ``global_count / world_size`` samples of this rank's stream."""
+        if global_count % self.world_size:
+            raise ValueError(f"{global_count} samples cannot be split evenly over "
+                             f"{self.world_size} ranks; draw a multiple of {self.world_size}")
         if self._stream is None:
             self._stream = self.dataset.iterate(self.rank, self.world_size, self.position)
         before = int((self.position or {}).get("skipped", 0))
