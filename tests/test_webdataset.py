@@ -316,3 +316,43 @@ def test_streamed_order_checkpoints_and_refuses_other_layouts(
         again.load_state_dict({"epoch": 0, "index": 3})
     with pytest.raises(ConfigError, match="train.max_steps"):
         steps_per_epochs(again, 1, 4, format_name="webdataset")
+
+
+class FlakyStorage:
+    """Serves local shards as ``flaky://<n>``; the first reads of each break off midway."""
+
+    def __init__(self, paths: list[Path], breaks: int, after: int) -> None:
+        self.paths = paths
+        self.after = after
+        self.breaks = {index: breaks for index in range(len(paths))}
+
+    def open_read(self, uri: str, start: int = 0) -> Any:
+        index = int(uri.rsplit("/", 1)[-1])
+        data = self.paths[index].read_bytes()[start:]
+        if self.breaks[index] <= 0:
+            return io.BytesIO(data)
+        self.breaks[index] -= 1
+        after = self.after
+
+        class Broken(io.BytesIO):
+            def read(self, size: int = -1) -> bytes:
+                if self.tell() > after:
+                    raise ConnectionResetError("connection reset by peer")
+                return super().read(min(size, 1024) if size > 0 else 1024)
+
+        return Broken(data)
+
+
+@pytest.mark.parametrize("breaks,after,survives", [(2, 3000, True), (5, 0, False)])
+def test_dropped_reads_reopen_at_the_next_sample(shards: tuple[list[Path], list[str]],
+                                                 breaks: int, after: int, survives: bool
+                                                 ) -> None:
+    paths, keys = shards
+    storage = FlakyStorage(paths, breaks, after)
+    config = WebDatasetConfig(shards=[f"flaky://host/{i}" for i in range(len(paths))])
+    dataset = WebDatasetStream(list(config.shards), config, storage_for=lambda uri: storage)
+    if survives:
+        assert one_epoch(dataset, 0, 1) == keys  # nothing lost, nothing twice
+    else:
+        with pytest.raises(DataError, match=r"flaky://host/0: reading broke off 3 times"):
+            one_epoch(dataset, 0, 1)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import glob
 import itertools
+import logging
 import re
 import shutil
 import tarfile
@@ -35,6 +36,9 @@ from typing import Any, BinaryIO
 from reasonctl.core.errors import DataError
 from reasonctl.core.uris import is_remote
 
+log = logging.getLogger("reasonctl.data.webdataset")
+READ_ATTEMPTS = 3
+"""Times a shard is opened again after its stream breaks off, before it counts as bad."""
 BRACES = re.compile(r"\{([^{}]*)\}")
 RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
 
@@ -180,8 +184,36 @@ def split_name(name: str) -> tuple[str, str]:
 
 
 def read_samples(opener: ShardOpener, shard: str, start: int = 0, *,
-                 limit: int | None = None) -> Iterator[TarSample]:
-    """The samples of ``shard`` from the one at byte ``start`` on (at most ``limit``)."""
+                 limit: int | None = None, attempts: int = READ_ATTEMPTS
+                 ) -> Iterator[TarSample]:
+    """The samples of ``shard`` from the one at byte ``start`` on (at most ``limit``).
+
+    A read that breaks off (a dropped connection) is opened again at the first sample not
+    yet returned, up to ``attempts`` times in a row; then the shard is reported as
+    unreadable (:class:`ShardError`).
+    """
+    count, failures = 0, 0
+    while True:
+        try:
+            for sample in _read_once(opener, shard, start, limit=None if limit is None
+                                     else limit - count):
+                yield sample
+                count, failures = count + 1, 0
+                if sample.next_offset is None:
+                    return
+                start = sample.next_offset
+            return
+        except _StreamBroken as exc:
+            failures += 1
+            if failures >= attempts:
+                raise ShardError(shard, f"reading broke off {failures} times at byte {start} "
+                                 f"({exc.__cause__})") from None
+            log.warning("%s: reading broke off (%s); reopening at byte %d", shard,
+                        exc.__cause__, start)
+
+
+def _read_once(opener: ShardOpener, shard: str, start: int, *, limit: int | None
+               ) -> Iterator[TarSample]:
     stream = _Tail(opener.open(shard, start))
     count = 0
     key: str | None = None
@@ -222,6 +254,10 @@ def read_samples(opener: ShardOpener, shard: str, start: int = 0, *,
         stream.close()
 
 
+class _StreamBroken(Exception):
+    """Reading the underlying stream failed (the cause says why)."""
+
+
 class _Tail:
     """A read-only stream that remembers the last bytes it returned, so the block where
     ``tarfile`` stopped can be checked: stream-mode ``tarfile`` ends quietly at an invalid
@@ -235,7 +271,10 @@ class _Tail:
         self.total = 0
 
     def read(self, size: int = -1) -> bytes:
-        data = self.raw.read(size)
+        try:
+            data = self.raw.read(size)
+        except Exception as exc:  # a connection dropped: the caller reopens the shard
+            raise _StreamBroken() from exc
         self.total += len(data)
         self.tail += data
         del self.tail[: max(0, len(self.tail) - self.KEEP)]
