@@ -356,3 +356,66 @@ def test_dropped_reads_reopen_at_the_next_sample(shards: tuple[list[Path], list[
     else:
         with pytest.raises(DataError, match=r"flaky://host/0: reading broke off 3 times"):
             one_epoch(dataset, 0, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_processes_record_both_positions_and_resume_like_uninterrupted(
+    shards: tuple[list[Path], list[str]], tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    import subprocess
+    import sys
+
+    from reasonctl.loggers.metrics_file import read_metrics
+
+    config = tmp_path / "sft.toml"
+    config.write_text(f"""
+[run]
+seed = 3
+[model]
+name_or_path = "{tiny_model_dir}"
+max_length = 64
+[data]
+format = "webdataset"
+shuffle = true
+[data.webdataset]
+shards = "{tmp_path}/shard-*.tar"
+workers = 2
+shuffle_buffer = 3
+[train]
+lr = 5e-3
+max_steps = 4
+global_batch_size = 4
+micro_batch_size = 2
+[backend]
+name = "fsdp"
+device = "cpu"
+[checkpoint]
+every_steps = 2
+keep = 2
+export_final = false
+[logging]
+loggers = ["jsonl"]
+plot = false
+""")
+
+    def launch(output: Path, *extra: str) -> dict[int, float]:
+        command = [sys.executable, "-m", "reasonctl", "run", "--nproc-per-node", "2",
+                   "--config", str(config), "--output-dir", str(output), *extra]
+        proc = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+        return {r["step"]: r["loss"] for r in read_metrics(output / "metrics.jsonl")}
+
+    full = launch(tmp_path / "full")
+    step_2 = tmp_path / "full" / "checkpoints" / "step_2"
+    manifest = json.loads((step_2 / "manifest.json").read_text())
+    stream_state = manifest["algorithm"]["sampler"]["stream"]
+    assert stream_state["world_size"] == 2
+    first, second = stream_state["positions"]
+    assert first["emitted"] == second["emitted"] == 4  # 2 steps x 2 samples per rank
+    assert first["workers"] != second["workers"]  # each rank reads its own shards
+    resumed = launch(tmp_path / "resumed", "--set", f'run.resume="{step_2}"')
+    assert sorted(resumed) == [3, 4]
+    for step in (3, 4):
+        assert resumed[step] == pytest.approx(full[step], rel=1e-5), step

@@ -14,6 +14,16 @@ so gathering them whole costs little next to the attention itself. Packed rows (
 samples in one row) and rows padded anywhere but at the end attend through an explicit
 mask built once per batch.
 
+**Why not torch's context-parallel API.** ``torch.distributed.tensor.experimental.
+context_parallel`` rings keys/values through the flash/memory-efficient/cuDNN attention
+kernels of CUDA only (no gloo/CPU run to check it against) and takes plain causal masks
+only, while packed rows need document masks; a Ulysses all-to-all needs the heads
+(``heads / cp`` each) to divide evenly, which small-KV grouped-query models often do not.
+All-gathering the keys/values works for every case above on gloo and NCCL alike; its
+memory is the sequence's keys/values per layer (a fraction of the activations with
+grouped-query attention). The world-model diffusion transformers are not split yet (a
+follow-up once their backend lands).
+
 **Hooks into transformers.** Nothing of the model is rewritten: a forward pre-hook on the
 text decoder (the module that owns ``layers``: ``model.model`` of Qwen2/2.5/3,
 ``model.model.language_model`` of Qwen-VL) takes the full-length input embeddings and
