@@ -92,7 +92,9 @@ class WebDatasetStream:
                                                      "bad_shards")}
         turn = int(state.get("turn", 0))
         opener = ShardOpener(self.storage_for)
-        buffer = [(s, off, self._reread(opener, s, off)) for s, off in state.get("buffer", [])]
+        # the shuffle buffer's samples and, in step with them, their (shard, offset)
+        buffer = [self._reread(opener, s, off) for s, off in state.get("buffer", [])]
+        refs = [(int(s), int(off)) for s, off in state.get("buffer", [])]
         readers = [_Reader(self, lists[w], *cursors[w]) for w in range(count)]
         done = [False] * count
         size = self.config.shuffle_buffer if self.shuffle else 0
@@ -132,14 +134,17 @@ class WebDatasetStream:
                     item = next_item()
                     if item is None:
                         break
-                    buffer.append(item)
+                    buffer.append(item[2])
+                    refs.append(item[:2])
                 if not buffer:
                     return
                 if size:
                     pick = random.Random(
                         f"{self.seed}:{rank}:{epoch}:{counts['drawn']}").randrange(len(buffer))
                     buffer[pick], buffer[-1] = buffer[-1], buffer[pick]
-                shard, _, tar_sample = buffer.pop() if size else buffer.pop(0)
+                    refs[pick], refs[-1] = refs[-1], refs[pick]
+                tar_sample = buffer.pop() if size else buffer.pop(0)
+                shard = (refs.pop() if size else refs.pop(0))[0]
                 counts["drawn"] += 1
                 sample = self._sample(shard, tar_sample)
                 if sample is None:
@@ -149,7 +154,7 @@ class WebDatasetStream:
                 yield sample, {
                     "epoch": epoch, **counts, "turn": turn % count,
                     "workers": [list(c) for c in cursors],
-                    "buffer": [[s, off] for s, off, _ in buffer],
+                    "buffer": list(refs),
                     "shards": len(self.shards),
                 }
         finally:
