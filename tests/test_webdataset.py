@@ -148,6 +148,11 @@ def test_missing_shard_and_unmappable_sample_are_reported(tmp_path: Path,
         tar.addfile(info, io.BytesIO(b"\0"))
     with pytest.raises(DataError, match=r"odd.tar:x/1: no text to train on.*json_ext"):
         next(stream([odd]).iterate(0, 1, None))
+    skipping = stream([odd, paths[1]], shuffle=False)
+    skipping.skip_bad_rows = True
+    positions = skipping.iterate(0, 1, None)
+    skipped = [next(positions)[1]["skipped"] for _ in range(9)]
+    assert skipped == [1, 1, 1, 2, 2, 2, 3, 3, 3]  # one per epoch, counted over the run
 
 
 # --- S3 ----------------------------------------------------------------------------------------

@@ -59,17 +59,21 @@ class WebDatasetStream:
         if state:
             self._check_state(state)
         epoch = int(state["epoch"]) if state else 0
+        resumed = bool(state)
+        totals = {k: int((state or {}).get(k, 0)) for k in ("skipped", "bad_shards")}
         while True:
             produced = False
-            for item in self._epoch(epoch, rank, world_size, state or None):
+            for item in self._epoch(epoch, rank, world_size, state if resumed else totals):
                 produced = True
+                totals = {k: item[1][k] for k in totals}
                 yield item
-            if not produced and not state:
+            if not produced and not resumed:
                 raise DataError(
                     f"data.webdataset.shards: rank {rank}'s shards of epoch {epoch} hold no "
                     "readable sample"
                 )
-            epoch, state = epoch + 1, None
+            # skipped samples and shards count over the whole run; the rest per epoch
+            epoch, resumed = epoch + 1, False
 
     def _check_state(self, state: dict[str, Any]) -> None:
         if state.get("shards") != len(self.shards) or \
@@ -81,12 +85,13 @@ class WebDatasetStream:
                 f"{self.config.workers}; resume with the same shards and workers"
             ])
 
-    def _epoch(self, epoch: int, rank: int, world_size: int, state: dict[str, Any] | None
+    def _epoch(self, epoch: int, rank: int, world_size: int, state: dict[str, Any]
                ) -> Iterator[tuple[Sample, dict[str, Any]]]:
+        """One epoch of ``rank``'s shards, from ``state`` (a position, or only the run's
+        ``skipped``/``bad_shards`` totals at an epoch's start)."""
         count = self.config.workers
         mine = self.epoch_shards(epoch, rank, world_size)
         lists = [mine[w::count] for w in range(count)]
-        state = state or {}
         cursors = [list(c) for c in state.get("workers", [[0, 0]] * count)]
         counts = {k: int(state.get(k, 0)) for k in ("emitted", "drawn", "skipped",
                                                      "bad_shards")}
