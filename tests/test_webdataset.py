@@ -174,12 +174,12 @@ def bucket(server: S3Server, monkeypatch: pytest.MonkeyPatch,
     return s3
 
 
-def s3_stream(bucket: Bucket, **options: Any) -> WebDatasetStream:
+def s3_stream(bucket: Bucket, count: int = len(SIZES), **options: Any) -> WebDatasetStream:
     from reasonctl.storage.s3.client import S3Storage
     from reasonctl.storage.s3.config import S3StorageConfig
 
     config = WebDatasetConfig(
-        shards=f"s3://{bucket.name}/train/{{000000..{len(SIZES) - 1:06d}}}.tar", **options)
+        shards=f"s3://{bucket.name}/train/{{000000..{count - 1:06d}}}.tar", **options)
     from reasonctl.data.tar_shards import expand_shards
 
     storage = S3Storage(S3StorageConfig(max_attempts=2, backoff_s=0))
@@ -205,6 +205,8 @@ def test_s3_shards_split_over_two_ranks_and_resume(
 
 def test_s3_corrupt_shard_is_named(bucket: Bucket, shards: tuple[list[Path], list[str]]
                                    ) -> None:
+    with pytest.raises(DataError, match=rf"s3://{bucket.name}/train/000006.tar: no such"):
+        one_epoch(s3_stream(bucket, count=7), 0, 1)
     corrupt(shards[0][2])
     bucket.client().upload_file(str(shards[0][2]), bucket.name, "train/000002.tar")
     with pytest.raises(DataError, match=rf"s3://{bucket.name}/train/000002.tar"):
