@@ -227,7 +227,11 @@ class BroadcastPublisher:
         entry = self.groups.get(name)
         if entry is not None and entry.nonce == nonce:
             return entry
-        store = dist.PrefixStore(f"{name}/{nonce}", self.store)
+        # a store client of its own: one client serialises its calls, so a replica that died
+        # during set-up would hold every other replica's set-up until its timeout
+        client = dist.TCPStore("127.0.0.1", self.store.port, is_master=False,
+                               timeout=timedelta(seconds=self.timeout_s))
+        store = dist.PrefixStore(f"{name}/{nonce}", client)
         group = new_group(store, 0, 2, self.device, self.timeout_s)
         entry = _Group(nonce, group)
         self.groups[name] = entry
