@@ -17,6 +17,7 @@ from reasonctl.backends.optim import build_optimizer, build_scheduler
 from reasonctl.backends.token_logprobs import TokenLogprobModel
 from reasonctl.core.errors import ReasonctlError
 from reasonctl.core.protocols import RunContext
+from reasonctl.diffusion.pipeline_dir import is_pipeline_dir
 from reasonctl.models.loading import (
     apply_trainable_patterns,
     compute_dtype,
@@ -32,7 +33,8 @@ class SingleDeviceBackend(TorchBackend):
     Parameters are kept in float32 and matmuls run in ``model.dtype`` under autocast
     (``param_dtype = "float32"``, the default), or parameters and optimizer state are kept
     in ``model.dtype`` itself (``param_dtype = "compute"``: half the memory, faster, but
-    small updates can round away in bfloat16).
+    small updates can round away in bfloat16). A diffusers pipeline directory trains its
+    transformer (see :mod:`reasonctl.backends.base`).
     """
 
     def __init__(self, *, param_dtype: Literal["float32", "compute"] = "float32",
@@ -56,6 +58,9 @@ class SingleDeviceBackend(TorchBackend):
         self.compute_dtype = compute_dtype(config.model.dtype, self.device)
         param_dtype = torch.float32 if self.param_dtype_mode == "float32" else self.compute_dtype
         self.source = ensure_model_source(ctx)
+        if is_pipeline_dir(self.source.model_dir):
+            self._build_diffusion(ctx, param_dtype)
+            return
         hf_model = load_pretrained(self.source.model_dir, config.model, param_dtype=param_dtype,
                                    device=self.device)
         self.parameter_counts = apply_trainable_patterns(
@@ -73,6 +78,16 @@ class SingleDeviceBackend(TorchBackend):
                                          device=self.device)
         self.scheduler = build_scheduler(self.optimizer, config.train, lambda: ctx.total_steps)
 
+    def _build_diffusion(self, ctx: RunContext, param_dtype: torch.dtype) -> None:
+        config = ctx.config
+        model = self.load_diffusion_transformer(ctx, param_dtype=param_dtype, device=self.device)
+        if config.train.compile:
+            compile_blocks(model)
+        self.hf_model = self.generation_model = self.policy = model
+        self.optimizer = build_optimizer(model.named_parameters(), config.train,
+                                         device=self.device)
+        self.scheduler = build_scheduler(self.optimizer, config.train, lambda: ctx.total_steps)
+
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Autocast to the compute dtype when parameters are kept in a wider dtype."""
         params_dtype = next(self._policy().parameters()).dtype
@@ -80,8 +95,13 @@ class SingleDeviceBackend(TorchBackend):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
-    def gather_full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's state dict as CPU tensors (Hugging Face names)."""
+    def gather_full_state_dict(self, *, trainable_only: bool = False
+                               ) -> dict[str, torch.Tensor]:
+        """The model's state dict as CPU tensors (Hugging Face names); ``trainable_only``
+        keeps the parameters that train."""
+        if trainable_only:
+            return {k: v.detach().cpu() for k, v in self.hf_model.named_parameters()
+                    if v.requires_grad}
         return {k: v.detach().cpu() for k, v in self.hf_model.state_dict().items()}
 
     def full_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from reasonctl.core.config import RunConfig
 from reasonctl.core.lifecycle import LifecycleHooks
@@ -205,6 +205,26 @@ class Reward(Protocol):
         ...
 
 
+MediaType = Literal["image", "video", "latent"]
+"""What a media reward scores: ``image`` (uint8 ``[H, W, 3]``), ``video`` (uint8
+``[T, H, W, 3]``) or ``latent`` (float32, the model's latent layout), as numpy arrays."""
+
+
+@runtime_checkable
+class ScoresMedia(Protocol):
+    """Optional for rewards: scores generated media instead of text (default: text).
+
+    A reward with ``media_type`` receives numpy arrays as its completions, one per
+    generated sample: decoded frames (``"image"``: uint8 ``[H, W, 3]``; ``"video"``: uint8
+    ``[T, H, W, 3]``) or the model's latents (``"latent"``: float32). Diffusion algorithms
+    (``flow_grpo``, ``ddrl``) decode what their rewards ask for; a text reward in such a
+    run is a configuration error. Plain callables without the attribute receive the
+    model's natural media (images or videos).
+    """
+
+    media_type: MediaType
+
+
 @runtime_checkable
 class Processor(Protocol):
     """The run's tokenizer/processor: chat template, tokenization, vision inputs.
@@ -246,11 +266,21 @@ class TokenOutputs(Protocol):
     entropy: torch.Tensor | None
 
 
+ForwardFn = Callable[[Any, Any], Any]
+"""A custom forward pass: ``forward(model, micro_batch) -> outputs``.
+
+``model`` is the backend's live (possibly sharded) module, ``micro_batch`` one batch on the
+backend's device; ``outputs`` is whatever the matching loss function reads. Algorithms
+for models that are not causal language models (e.g. a diffusion transformer) pass one to
+:meth:`Backend.train_step` and :meth:`RunsForward.run_forward`.
+"""
+
 LossFn = Callable[[TokenOutputs, Any], "tuple[torch.Tensor, Metrics]"]
 """A loss over one micro-batch: ``loss_fn(outputs, micro_batch) -> (loss, metrics)``.
 
 ``micro_batch`` is the :class:`TrainBatch` (or :class:`PolicyBatch`) passed to
-:meth:`Backend.train_step`, moved to the backend's device. The backend sums the returned
+:meth:`Backend.train_step`, moved to the backend's device. With a custom ``forward``
+(:data:`ForwardFn`) ``outputs`` is what that function returned. The backend sums the returned
 losses over all micro-batches and ranks, so a loss function normalises by the *global*
 count it needs (e.g. all loss tokens in the step), which the algorithm computes before
 calling :meth:`Backend.train_step`.
@@ -286,11 +316,14 @@ class Backend(Protocol):
         ...
 
     def train_step(self, micro_batches: Sequence[TrainBatch | PolicyBatch], loss_fn: LossFn, *,
-                   with_entropy: bool = False, temperature: float = 1.0) -> Metrics:
+                   with_entropy: bool = False, temperature: float = 1.0,
+                   forward: ForwardFn | None = None) -> Metrics:
         """Forward/backward over micro-batches, clip, one optimizer and schedule step.
 
         Returns metrics including ``loss``, ``grad_norm`` and ``lr`` plus the loss
-        function's metrics averaged over micro-batches and ranks.
+        function's metrics averaged over micro-batches and ranks. With ``forward`` the
+        loss receives ``forward(model, micro_batch)`` instead of token log-probs (a backend
+        that cannot run one raises ``TypeError``).
         """
         ...
 
@@ -363,6 +396,20 @@ class ProvidesGenerationModel(Protocol):
 
     def autocast(self) -> Any:
         """The autocast context manager of forward passes."""
+        ...
+
+
+@runtime_checkable
+class RunsForward(Protocol):
+    """Optional for backends: run a custom forward pass without gradients (default: none).
+
+    What algorithms for other model kinds (diffusion transformers) use for sampling and
+    for scoring under the reference weights; a backend without it cannot train them.
+    """
+
+    def run_forward(self, fn: ForwardFn, batch: Any, *, reference: bool = False) -> Any:
+        """``fn(model, batch)`` in eval mode, without gradients, under the forward autocast;
+        ``reference=True`` runs it under the weights kept by ``build_reference_model``."""
         ...
 
 
@@ -541,6 +588,12 @@ def algorithm_needs(algorithm: Algorithm, options: Any = None) -> Needs:
     return Needs()
 
 
+def reward_media_type(reward: Any) -> MediaType | None:
+    """What ``reward`` scores (:class:`ScoresMedia`), ``None`` for a text reward or a
+    callable that does not say."""
+    return reward.media_type if isinstance(reward, ScoresMedia) else None
+
+
 def shares_policy_weights(engine: RolloutEngine) -> bool:
     """Whether ``engine`` generates with the trainer's own module (``False`` by default)."""
     return isinstance(engine, SharesPolicyWeights) and bool(engine.shares_policy_weights)
@@ -564,8 +617,10 @@ __all__ = [
     "Dataset",
     "DeclaresNeeds",
     "Evaluator",
+    "ForwardFn",
     "Logger",
     "LossFn",
+    "MediaType",
     "Needs",
     "Processor",
     "ProvidesGenerationModel",
@@ -574,6 +629,8 @@ __all__ = [
     "Reward",
     "RolloutEngine",
     "RunContext",
+    "RunsForward",
+    "ScoresMedia",
     "SharesPolicyWeights",
     "Storage",
     "StreamsText",
@@ -582,6 +639,7 @@ __all__ = [
     "ValidatesRunConfig",
     "algorithm_needs",
     "generation_model",
+    "reward_media_type",
     "shares_policy_weights",
     "skipped_rows",
 ]
