@@ -80,9 +80,12 @@ def component_class(path: str | Path, name: str) -> Any:
 
 def load_component(path: str | Path, name: str, **kwargs: Any) -> Any:
     """Load component ``name`` of the pipeline at ``path`` with its class's ``from_pretrained``."""
+    from reasonctl.models.loading import quiet_transformers
+
     folder = Path(path) / name
     if not folder.is_dir():
         raise PipelineDirError(f"{folder}: component folder not found")
+    quiet_transformers()
     return component_class(path, name).from_pretrained(folder, **kwargs)
 
 
