@@ -5,7 +5,14 @@
 mask) are pipeline directories of a few hundred thousand parameters: a 2-block
 transformer, a small VAE with the real strides (8 in space, 4 in time), a small text
 encoder with the byte-level tokenizer of :mod:`reasonctl.models.tiny`, and a
-flow-matching Euler scheduler. ``model.name_or_path`` may name them; they are created in
+flow-matching Euler scheduler.
+
+A randomly initialised VAE decodes every latent to nearly the same grey (its last
+normalisation erases what would make one sample brighter than another), so no pixel reward
+could be learned through it. The SD3 pipeline's ``AutoencoderKL`` is therefore *legible*
+instead of random: its blocks pass features through unchanged (zero residual branches,
+identity up/down-sampling) and latent channels 0-2 carry red, green and blue, so the
+quickstart's brightness reward has a direction to learn. ``model.name_or_path`` may name them; they are created in
 the reasonctl cache on first use. Wan and SD3 are written by their pipeline classes'
 ``save_pretrained``, so ``DiffusionPipeline.from_pretrained`` loads them.
 """
@@ -125,7 +132,7 @@ def _sd3(path: Path, overrides: dict[str, Any]) -> None:
                   pos_embed_max_size=32)
     config.update(overrides)
     vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4,
-                        block_out_channels=(4, 4, 4, 4), layers_per_block=1, norm_num_groups=2,
+                        block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=1,
                         down_block_types=("DownEncoderBlock2D",) * 4,
                         up_block_types=("UpDecoderBlock2D",) * 4,
                         shift_factor=0.0, scaling_factor=1.0, sample_size=32)
@@ -135,12 +142,42 @@ def _sd3(path: Path, overrides: dict[str, Any]) -> None:
         d_ff=64, num_layers=1, num_heads=4, relative_attention_num_buckets=8,
         pad_token_id=t5_tokenizer.pad_token_id, eos_token_id=t5_tokenizer.eos_token_id,
         decoder_start_token_id=t5_tokenizer.pad_token_id))
+    _make_legible(vae)
     pipe = StableDiffusion3Pipeline(
         transformer=SD3Transformer2DModel(**config),
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=vae,
         text_encoder=encoders[0], tokenizer=tokenizers[0], text_encoder_2=encoders[1],
         tokenizer_2=tokenizers[1], text_encoder_3=t5, tokenizer_3=t5_tokenizer)
     pipe.save_pretrained(path)
+
+
+def _make_legible(vae: Any) -> None:
+    """Rewire an ``AutoencoderKL`` (one norm group) so that colour survives the round trip:
+    RGB -> latent channels 0-2 -> RGB (see the module docstring)."""
+    import torch
+
+    def center(conv: Any, pairs: dict[int, int], gain: float = 1.0) -> None:
+        conv.weight.zero_()
+        conv.bias.zero_()
+        middle = conv.weight.shape[-1] // 2
+        for out, inp in pairs.items():
+            conv.weight[out, inp, middle, middle] = gain
+
+    with torch.no_grad():
+        for coder in (vae.encoder, vae.decoder):
+            for name, module in coder.named_modules():
+                if name.endswith("conv2") or name.endswith("to_out.0"):
+                    module.weight.zero_()
+                    module.bias.zero_()
+                elif name.endswith("downsamplers.0.conv") or name.endswith("upsamplers.0.conv"):
+                    center(module, {c: c for c in range(module.weight.shape[0])})
+        center(vae.encoder.conv_in, {c: c for c in range(3)})
+        center(vae.encoder.conv_out, {c: c for c in range(3)}, gain=1.0)
+        vae.encoder.conv_out.bias[4:].fill_(-8.0)  # log-variances: a near-deterministic posterior
+        for conv in (vae.quant_conv, vae.post_quant_conv):
+            center(conv, {c: c for c in range(conv.weight.shape[0])})
+        center(vae.decoder.conv_in, {c: c for c in range(4)})
+        center(vae.decoder.conv_out, {c: c for c in range(3)}, gain=0.8)
 
 
 def _cosmos(path: Path, overrides: dict[str, Any]) -> None:
