@@ -12,9 +12,11 @@ normalisation erases what would make one sample brighter than another), so no pi
 could be learned through it. The SD3 pipeline's ``AutoencoderKL`` is therefore *legible*
 instead of random: its blocks pass features through unchanged (zero residual branches,
 identity up/down-sampling) and latent channels 0-2 carry red, green and blue, so the
-quickstart's brightness reward has a direction to learn. ``model.name_or_path`` may name them; they are created in
-the reasonctl cache on first use. Wan and SD3 are written by their pipeline classes'
-``save_pretrained``, so ``DiffusionPipeline.from_pretrained`` loads them.
+quickstart's brightness reward has a direction to learn.
+
+``model.name_or_path`` may name them; they are created in the reasonctl cache on first
+use. Wan and SD3 are written by their pipeline classes' ``save_pretrained``, so
+``DiffusionPipeline.from_pretrained`` loads them.
 """
 
 from __future__ import annotations
