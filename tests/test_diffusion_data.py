@@ -39,7 +39,8 @@ def _dataset(root: Path, on_bad_row: str = "error", **options: Any) -> Any:
 def test_video_text_pairs_clips_with_captions_and_embeddings(tmp_path: Path) -> None:
     root = write_video_text(tmp_path / "data", {"a": "a bright room", "b": "snow"})
     (root / "text_embeddings").mkdir()
-    save_file({"prompt_embeds": torch.zeros(7, 32)}, str(root / "text_embeddings" / "a.safetensors"))
+    save_file({"prompt_embeds": torch.zeros(7, 32)},
+              str(root / "text_embeddings" / "a.safetensors"))
     dataset = _dataset(root)
     assert len(dataset) == 2
     first, second = dataset[0], dataset[1]

@@ -88,12 +88,15 @@ class TextConditioner:
         return TextCondition.cat([r for r in rows if r is not None])
 
     def for_prompts(self, prompts: Sequence[str]) -> TextCondition:
-        """One row per prompt from the pipeline's encoder (cached by prompt)."""
-        missing = [p for p in dict.fromkeys(prompts) if p not in self._cache]
-        if missing:
-            encoded = self.encoder().encode(missing).to(self.device, self.dtype)
-            for row, prompt in enumerate(missing):
-                self._cache[prompt] = encoded.select([row])
+        """One row per prompt from the pipeline's encoder (cached by prompt).
+
+        Prompts are encoded one at a time: a prompt's embedding then does not depend on the
+        other prompts of a batch (float sums differ with batch shapes), so a resumed run
+        conditions exactly like the uninterrupted one, cache or no cache.
+        """
+        for prompt in dict.fromkeys(prompts):
+            if prompt not in self._cache:
+                self._cache[prompt] = self.encoder().encode([prompt]).to(self.device, self.dtype)
                 while len(self._cache) > CACHE_SIZE:
                     self._cache.popitem(last=False)
         return TextCondition.cat([self._cache[p] for p in prompts])

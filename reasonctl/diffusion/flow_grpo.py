@@ -175,10 +175,22 @@ class FlowGRPO:
     # --- set-up helpers ---------------------------------------------------------------------
 
     def _media_type(self, ctx: RunContext, video: bool, problems: list[str]) -> MediaType:
-        """What the rewards are given: what they declare (all alike), else the model's media."""
+        """What the rewards are given: what they declare (all alike), else the model's media.
+
+        A registered reward that declares no ``media_type`` scores text and is a config
+        error here; plain functions (``module:function``, SDK callables) get the media.
+        """
+        from reasonctl.core.callables import CallableReward
+
         natural: MediaType = "video" if video else "image"
         if ctx.rewards is None:
             return natural
+        text = [t.name for t in ctx.rewards.terms
+                if reward_media_type(t.reward) is None and not isinstance(t.reward, CallableReward)]
+        if text:
+            problems.append(f"rewards.components: {', '.join(text)} score(s) text, but "
+                            f"{self.name} generates images or videos; use media rewards "
+                            "(brightness, color, remote, or a function of the frames)")
         declared = {t.name: reward_media_type(t.reward) for t in ctx.rewards.terms}
         kinds = {v for v in declared.values() if v is not None}
         if len(kinds) > 1:
