@@ -292,11 +292,11 @@ def test_two_process_fsdp_samples_and_learns_like_one_process(
 
     import tomli_w
 
-    single = run_config(tmp_path / "single", tiny_pipelines["wan"], frames=5, steps=2,
-                        kl_beta=0.1, lora={"rank": 4, "alpha": 4})
+    single = run_config(tmp_path / "single", tiny_pipelines["sd3"], steps=2, kl_beta=0.1,
+                        lora={"rank": 4, "alpha": 4})
     reasonctl.run(single)
-    distributed = run_config(tmp_path / "fsdp", tiny_pipelines["wan"], frames=5, steps=2,
-                             kl_beta=0.1, lora={"rank": 4, "alpha": 4})
+    distributed = run_config(tmp_path / "fsdp", tiny_pipelines["sd3"], steps=2, kl_beta=0.1,
+                             lora={"rank": 4, "alpha": 4})
     distributed["backend"]["name"] = "fsdp"
     distributed["checkpoint"] = {"every_steps": 2, "export_final": True}
     config = tmp_path / "fsdp.toml"
