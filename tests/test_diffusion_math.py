@@ -205,3 +205,28 @@ def test_cosmos_conditioning_frames_stay_on_their_path(
     assert torch.allclose(out.latents[:, :, :1], clean[:, :, :1], atol=1e-6)
     assert not torch.allclose(out.latents[:, :, 1:], clean[:, :, 1:])
     assert torch.isfinite(out.log_probs).all()
+
+
+def test_compiled_blocks_can_serve_sampling_passes(monkeypatch: pytest.MonkeyPatch,
+                                                   tiny_pipelines: dict[str, Path]) -> None:  # noqa: F811
+    """Denoising steps have fixed shapes, so a diffusion backend compiles them too."""
+    from reasonctl.backends import compile as compile_module
+    from reasonctl.diffusion.policy import load_transformer
+
+    calls: list[bool] = []
+
+    def fake_compile(fn):  # records whether a pass with or without gradients used it
+        def run(*args, **kwargs):
+            calls.append(torch.is_grad_enabled())
+            return fn(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(compile_module.torch, "compile", fake_compile)
+    model = load_transformer(tiny_pipelines["sd3"], dtype=torch.float32, device="cpu")
+    assert compile_module.compile_blocks(model, without_grad=True) == 2
+    args = (torch.randn(1, 4, 4, 4), torch.randn(1, 5, 64), torch.randn(1, 64),
+            torch.tensor([500.0]))
+    with torch.no_grad():
+        model(*args)
+    model(*args)[0].sum().backward()
+    assert calls == [False, False, True, True]

@@ -196,12 +196,23 @@ def test_one_process_fsdp_equals_the_single_backend(
 
 def test_cosmos_video_to_world_trains_with_conditioning_frames(
         tmp_path: Path, tiny_pipelines: dict[str, Path]) -> None:  # noqa: F811
+    import numpy as np
+
+    seen: list[tuple[tuple[int, ...], Any]] = []
+
+    def redness(completions: list[Any], samples: list[Any]) -> list[float]:
+        """An SDK reward: a plain function of the decoded clips."""
+        seen.extend((c.shape, c.dtype) for c in completions)
+        return [float(np.asarray(c)[..., 0].mean()) / 255 for c in completions]
+
     config = run_config(tmp_path, tiny_pipelines["cosmos"], frames=9, steps=1,
                         conditional_frames=1)
     config["data"]["mock_media"]["media"] = True
-    reasonctl.run(config)
+    reasonctl.run(config, rewards=[redness])
     row = metrics(tmp_path)[0]
     assert row["ratio_dev_first"] < 1e-5 and row["reward/mean"] > 0
+    assert "reward/redness/mean" in row and "reward/brightness/mean" in row
+    assert seen == [((9, 32, 32, 3), np.dtype("uint8"))] * 4
 
 
 def test_configuration_mistakes_are_named(tmp_path: Path,

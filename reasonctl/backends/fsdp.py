@@ -159,8 +159,8 @@ class FSDPBackend(TorchBackend):
         model = self.load_diffusion_transformer(ctx, param_dtype=torch.float32, device="cpu",
                                                 on_meta=on_meta)
         full_state = {} if on_meta else dict(model.state_dict())
-        if config.train.compile:
-            compile_blocks(model)
+        if config.train.compile:  # denoising steps have fixed shapes: sampling compiles too
+            compile_blocks(model, without_grad=True)
         self.hf_model = self.policy = model
         self._shard(model, compute_dtype(config.model.dtype, self.device))
         if on_meta:

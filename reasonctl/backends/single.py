@@ -81,8 +81,8 @@ class SingleDeviceBackend(TorchBackend):
     def _build_diffusion(self, ctx: RunContext, param_dtype: torch.dtype) -> None:
         config = ctx.config
         model = self.load_diffusion_transformer(ctx, param_dtype=param_dtype, device=self.device)
-        if config.train.compile:
-            compile_blocks(model)
+        if config.train.compile:  # denoising steps have fixed shapes: sampling compiles too
+            compile_blocks(model, without_grad=True)
         self.hf_model = self.generation_model = self.policy = model
         self.optimizer = build_optimizer(model.named_parameters(), config.train,
                                          device=self.device)

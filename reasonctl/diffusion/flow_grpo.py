@@ -137,7 +137,7 @@ class FlowGRPO:
         text = TextConditioner(adapter, device=backend.device, dtype=dtype,
                                max_tokens=cfg.max_text_tokens, allow_pickle=_allow_pickle(ctx))
         self.parts = DiffusionParts(backend, adapter, text, dtype, cfg.frames, cfg.height,
-                                    cfg.width, media_type)
+                                    cfg.width, media_type, cfg.vae_batch_size)
         shift = cfg.shift or adapter.shift()
         self.plan = SamplingPlan(flow_schedule(cfg.sample_steps, shift), cfg.noise_level,
                                  cfg.guidance_scale)

@@ -43,6 +43,7 @@ class DiffusionParts:
     height: int
     width: int
     media_type: MediaType
+    vae_batch: int = 1
     _vae: VaeCodec | None = field(default=None, repr=False)
 
     @property
@@ -54,7 +55,7 @@ class DiffusionParts:
     def vae(self) -> VaeCodec:
         """The pipeline's VAE on the backend's device, loaded on first use."""
         if self._vae is None:
-            self._vae = self.adapter.load_vae(self.backend.device, self.dtype)
+            self._vae = self.adapter.load_vae(self.backend.device, self.dtype, self.vae_batch)
         return self._vae
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

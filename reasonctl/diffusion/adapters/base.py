@@ -214,8 +214,8 @@ class ModelAdapter(ABC):
     # --- VAE -------------------------------------------------------------------------------
 
     @abstractmethod
-    def load_vae(self, device: torch.device, dtype: torch.dtype) -> VaeCodec:
-        """The pipeline's VAE, frozen on ``device``."""
+    def load_vae(self, device: torch.device, dtype: torch.dtype, batch: int = 1) -> VaeCodec:
+        """The pipeline's VAE, frozen on ``device``, coding ``batch`` samples per call."""
 
 
 def read_json(path: Path) -> dict[str, Any]:

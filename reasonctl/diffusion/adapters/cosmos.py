@@ -152,7 +152,7 @@ class CosmosAdapter(ModelAdapter):
                          device)
         return CosmosTextEncoder(tokenizer, encoder, max_tokens or DEFAULT_MAX_TOKENS)
 
-    def load_vae(self, device: torch.device, dtype: torch.dtype) -> VaeCodec:
+    def load_vae(self, device: torch.device, dtype: torch.dtype, batch: int = 1) -> VaeCodec:
         """The pipeline's ``AutoencoderKLWan``."""
         vae = frozen(load_component(self.model_dir, "vae", torch_dtype=dtype), device)
-        return WanVaeCodec(vae, device, dtype)
+        return WanVaeCodec(vae, device, dtype, batch)

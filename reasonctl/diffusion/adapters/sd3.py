@@ -35,26 +35,34 @@ CLIP_TOKENS = 77
 class SD3VaeCodec(VaeCodec):
     """``AutoencoderKL`` images with SD3's shift and scale; frames are ``F = 1``."""
 
-    def __init__(self, vae: Any, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, vae: Any, device: torch.device, dtype: torch.dtype,
+                 batch: int = 1) -> None:
         self.vae = vae
         self.device = device
         self.dtype = dtype
+        self.batch = batch
         self.scale = float(vae.config.scaling_factor)
         self.shift = float(vae.config.shift_factor or 0.0)
 
     @torch.no_grad()
     def encode(self, frames: torch.Tensor) -> torch.Tensor:
         """uint8 ``[B, 1, H, W, 3]`` -> ``[B, C, h, w]`` (the posterior's mode)."""
-        x = frames_to_unit(frames[:, :1], self.device, self.dtype)[:, :, 0]
-        z = self.vae.encode(x).latent_dist.mode().float()
-        return (z - self.shift) * self.scale
+        out = []
+        for part in frames.split(self.batch):
+            x = frames_to_unit(part[:, :1], self.device, self.dtype)[:, :, 0]
+            z = self.vae.encode(x).latent_dist.mode().float()
+            out.append((z - self.shift) * self.scale)
+        return torch.cat(out)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """``[B, C, h, w]`` -> uint8 ``[B, 1, H, W, 3]``."""
-        z = latents.to(self.device, torch.float32) / self.scale + self.shift
-        x = self.vae.decode(z.to(self.dtype), return_dict=False)[0]
-        return unit_to_frames(x.unsqueeze(2))
+        out = []
+        for part in latents.split(self.batch):
+            z = part.to(self.device, torch.float32) / self.scale + self.shift
+            x = self.vae.decode(z.to(self.dtype), return_dict=False)[0]
+            out.append(unit_to_frames(x.unsqueeze(2)))
+        return torch.cat(out)
 
 
 class SD3TextEncoder(TextEncoder):
@@ -162,7 +170,7 @@ class SD3Adapter(ModelAdapter):
                          device))
         return SD3TextEncoder(clips, t5, self.text_dims()[0], max_tokens or DEFAULT_MAX_TOKENS)
 
-    def load_vae(self, device: torch.device, dtype: torch.dtype) -> VaeCodec:
+    def load_vae(self, device: torch.device, dtype: torch.dtype, batch: int = 1) -> VaeCodec:
         """The pipeline's ``AutoencoderKL``."""
         vae = frozen(load_component(self.model_dir, "vae", torch_dtype=dtype), device)
-        return SD3VaeCodec(vae, device, dtype)
+        return SD3VaeCodec(vae, device, dtype, batch)

@@ -35,12 +35,14 @@ def clean_prompt(text: str) -> str:
 
 
 class WanVaeCodec(VaeCodec):
-    """``AutoencoderKLWan`` with per-channel latent normalisation; one sample at a time."""
+    """``AutoencoderKLWan`` with per-channel latent normalisation, ``batch`` samples a call."""
 
-    def __init__(self, vae: Any, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, vae: Any, device: torch.device, dtype: torch.dtype,
+                 batch: int = 1) -> None:
         self.vae = vae
         self.device = device
         self.dtype = dtype
+        self.batch = batch
         z = int(vae.config.z_dim)
         self.mean = torch.tensor(vae.config.latents_mean, dtype=torch.float32,
                                  device=device).view(1, z, 1, 1, 1)
@@ -51,7 +53,7 @@ class WanVaeCodec(VaeCodec):
     def encode(self, frames: torch.Tensor) -> torch.Tensor:
         """uint8 ``[B, F, H, W, 3]`` -> normalised ``[B, C, T, h, w]`` (the posterior's mode)."""
         out = []
-        for one in frames.split(1):
+        for one in frames.split(self.batch):
             x = frames_to_unit(one, self.device, self.dtype)
             z = self.vae.encode(x).latent_dist.mode().float()
             out.append((z - self.mean) / self.std)
@@ -61,7 +63,7 @@ class WanVaeCodec(VaeCodec):
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Normalised latents -> uint8 ``[B, F, H, W, 3]``."""
         out = []
-        for one in latents.split(1):
+        for one in latents.split(self.batch):
             z = one.to(self.device, torch.float32) * self.std + self.mean
             x = self.vae.decode(z.to(self.dtype), return_dict=False)[0]
             out.append(unit_to_frames(x))
@@ -158,7 +160,7 @@ class WanAdapter(ModelAdapter):
                          device)
         return WanTextEncoder(tokenizer, encoder, max_tokens or DEFAULT_MAX_TOKENS)
 
-    def load_vae(self, device: torch.device, dtype: torch.dtype) -> VaeCodec:
+    def load_vae(self, device: torch.device, dtype: torch.dtype, batch: int = 1) -> VaeCodec:
         """The pipeline's ``AutoencoderKLWan``."""
         vae = frozen(load_component(self.model_dir, "vae", torch_dtype=dtype), device)
-        return WanVaeCodec(vae, device, dtype)
+        return WanVaeCodec(vae, device, dtype, batch)
