@@ -36,7 +36,7 @@ import torch
 from reasonctl.algorithms.rollouts import mix_seed
 from reasonctl.algorithms.sampling import EpochSampler
 from reasonctl.core.errors import ConfigError, ReasonctlError
-from reasonctl.core.protocols import MediaType, ReportsMemory, RunsForward, reward_media_type
+from reasonctl.core.protocols import ReportsMemory, RunsForward
 from reasonctl.core.types import Metrics, Sample
 from reasonctl.data.datasets import shard
 from reasonctl.diffusion.batches import FlowOutputs, make_forward
@@ -47,7 +47,7 @@ from reasonctl.diffusion.losses import (
     flow_matching_loss,
     flow_policy_loss,
 )
-from reasonctl.diffusion.rollout import DiffusionParts, sample_groups, score
+from reasonctl.diffusion.rollout import DiffusionParts, reward_media, sample_groups, score
 from reasonctl.diffusion.sampler import SamplingPlan
 from reasonctl.diffusion.sde import flow_schedule
 from reasonctl.diffusion.trajectories import RolloutData, Row
@@ -120,7 +120,7 @@ class FlowGRPO:
             if not adapter.video or cfg.conditional_frames >= latent_frames[1]:
                 problems.append(f"{key}.conditional_frames: {cfg.conditional_frames} needs a "
                                 "video model with more latent frames than that")
-        media_type = self._media_type(ctx, adapter.video, problems)
+        media_type = reward_media(ctx.rewards, adapter.video, self.name, problems)
         if problems:
             raise ConfigError(problems)
         dataset = _dataset(ctx)
@@ -175,37 +175,6 @@ class FlowGRPO:
             self.sampler.load_state_dict(state["sampler"])
 
     # --- set-up helpers ---------------------------------------------------------------------
-
-    def _media_type(self, ctx: RunContext, video: bool, problems: list[str]) -> MediaType:
-        """What the rewards are given: what they declare (all alike), else the model's media.
-
-        A registered reward that declares no ``media_type`` scores text and is a config
-        error here; plain functions (``module:function``, SDK callables) get the media.
-        """
-        from reasonctl.core.callables import CallableReward
-
-        natural: MediaType = "video" if video else "image"
-        if ctx.rewards is None:
-            return natural
-        text = [t.name for t in ctx.rewards.terms
-                if reward_media_type(t.reward) is None and not isinstance(t.reward, CallableReward)]
-        if text:
-            problems.append(f"rewards.components: {', '.join(text)} score(s) text, but "
-                            f"{self.name} generates images or videos; use media rewards "
-                            "(brightness, color, remote, or a function of the frames)")
-        declared = {t.name: reward_media_type(t.reward) for t in ctx.rewards.terms}
-        kinds = {v for v in declared.values() if v is not None}
-        if len(kinds) > 1:
-            listing = ", ".join(f"{n}: {v}" for n, v in declared.items() if v is not None)
-            problems.append(f"rewards.components: the rewards score different media ({listing}); "
-                            f"{self.name} gives every reward the same arrays")
-            return natural
-        kind = next(iter(kinds), natural)
-        if kind == "image" and video:
-            names = [n for n, v in declared.items() if v == "image"]
-            problems.append(f"rewards.components: {', '.join(names)} score(s) images, but the "
-                            "model makes videos; use a video reward")
-        return kind
 
     def _evaluator(self, ctx: RunContext, shift: float) -> DiffusionEvaluator:
         from reasonctl.diffusion.conditioning import prompt_text

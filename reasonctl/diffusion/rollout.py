@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from reasonctl.core.protocols import MediaType
+from reasonctl.core.protocols import MediaType, reward_media_type
 from reasonctl.diffusion.adapters.base import (
     FrameCondition,
     ModelAdapter,
@@ -117,3 +117,37 @@ def score(parts: DiffusionParts, rewards: RewardSet, latents: torch.Tensor,
     """Decode (unless the rewards take latents) and score one sample per row."""
     frames = None if parts.media_type == "latent" else parts.decode(latents)
     return rewards.score(parts.completions(latents, frames), list(samples))  # type: ignore[arg-type]
+
+
+def reward_media(rewards: RewardSet | None, video: bool, algorithm: str,
+                 problems: list[str]) -> MediaType:
+    """What the rewards are given: what they declare (all alike), else the model's media.
+
+    A registered reward that declares no ``media_type`` scores text, which is a config
+    problem here (appended to ``problems``); plain functions (``module:function``, SDK
+    callables) get the media.
+    """
+    from reasonctl.core.callables import CallableReward
+
+    natural: MediaType = "video" if video else "image"
+    if rewards is None:
+        return natural
+    text = [t.name for t in rewards.terms
+            if reward_media_type(t.reward) is None and not isinstance(t.reward, CallableReward)]
+    if text:
+        problems.append(f"rewards.components: {', '.join(text)} score(s) text, but "
+                        f"{algorithm} generates images or videos; use media rewards "
+                        "(brightness, color, remote, or a function of the frames)")
+    declared = {t.name: reward_media_type(t.reward) for t in rewards.terms}
+    kinds = {v for v in declared.values() if v is not None}
+    if len(kinds) > 1:
+        listing = ", ".join(f"{n}: {v}" for n, v in declared.items() if v is not None)
+        problems.append(f"rewards.components: the rewards score different media ({listing}); "
+                        f"{algorithm} gives every reward the same arrays")
+        return natural
+    kind = next(iter(kinds), natural)
+    if kind == "image" and video:
+        names = [n for n, v in declared.items() if v == "image"]
+        problems.append(f"rewards.components: {', '.join(names)} score(s) images, but the "
+                        "model makes videos; use a video reward")
+    return kind
