@@ -41,14 +41,19 @@ def write_video_text(root: Path, captions: dict[str, str], *, value: int = 220,
 
 
 def run_config(out: Path, model: Path, *, algorithm: str = "flow_grpo", steps: int = 2,
-               frames: int = 1, size: int = 32, **options: Any) -> dict[str, Any]:
-    """A small diffusion run on the CPU (mock prompts, brightness reward)."""
+               frames: int = 1, size: int = 32, lora: dict[str, Any] | None = None,
+               **options: Any) -> dict[str, Any]:
+    """A small diffusion run on the CPU (mock prompts, brightness reward); ``lora`` is the
+    ``[model.lora]`` section, ``options`` the algorithm's."""
     algo = {"prompts_per_step": 2, "frames": frames, "height": size, "width": size,
             "sample_steps": 4, "train_fraction": 0.5, "eval_steps": 4,
             "max_text_tokens": 8, **options}
+    model_section: dict[str, Any] = {"name_or_path": str(model)}
+    if lora is not None:
+        model_section["lora"] = lora
     return {
         "run": {"output_dir": str(out), "seed": 0},
-        "model": {"name_or_path": str(model)},
+        "model": model_section,
         "data": {"format": "mock_media", "mock_media": {"samples": 8}},
         "algorithm": {"name": algorithm, algorithm: algo},
         "rollout": {"n": 2},

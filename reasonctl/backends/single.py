@@ -13,6 +13,7 @@ from reasonctl.backends.base import TorchBackend
 from reasonctl.backends.compile import compile_blocks
 from reasonctl.backends.distributed import resolve_device
 from reasonctl.backends.export import tied_parameter_groups
+from reasonctl.backends.lora import LoraState
 from reasonctl.backends.optim import build_optimizer, build_scheduler
 from reasonctl.backends.token_logprobs import TokenLogprobModel
 from reasonctl.core.errors import ReasonctlError
@@ -21,6 +22,7 @@ from reasonctl.diffusion.pipeline_dir import is_pipeline_dir
 from reasonctl.models.loading import (
     apply_trainable_patterns,
     compute_dtype,
+    count_parameters,
     enable_gradient_checkpointing,
     ensure_model_source,
     load_pretrained,
@@ -33,8 +35,11 @@ class SingleDeviceBackend(TorchBackend):
     Parameters are kept in float32 and matmuls run in ``model.dtype`` under autocast
     (``param_dtype = "float32"``, the default), or parameters and optimizer state are kept
     in ``model.dtype`` itself (``param_dtype = "compute"``: half the memory, faster, but
-    small updates can round away in bfloat16). A diffusers pipeline directory trains its
-    transformer (see :mod:`reasonctl.backends.base`).
+    small updates can round away in bfloat16). With ``[model.lora]`` the frozen base
+    weights are kept in ``model.dtype`` and the adapters in the parameter dtype; the
+    rollout engine then keeps its own merged copy (``generation_model`` is ``None``).
+    A diffusers pipeline directory trains its transformer (see
+    :mod:`reasonctl.backends.base`).
     """
 
     def __init__(self, *, param_dtype: Literal["float32", "compute"] = "float32",
@@ -42,6 +47,7 @@ class SingleDeviceBackend(TorchBackend):
         super().__init__(chunk_tokens=chunk_tokens, export_shard_size=export_shard_size)
         self.param_dtype_mode = param_dtype
         self.compute_dtype = torch.float32
+        self._autocast = False
 
     def build(self, ctx: RunContext) -> None:
         """Load the model onto the device and create AdamW and the schedule."""
@@ -61,18 +67,30 @@ class SingleDeviceBackend(TorchBackend):
         if is_pipeline_dir(self.source.model_dir):
             self._build_diffusion(ctx, param_dtype)
             return
-        hf_model = load_pretrained(self.source.model_dir, config.model, param_dtype=param_dtype,
-                                   device=self.device)
-        self.parameter_counts = apply_trainable_patterns(
-            hf_model, freeze=config.model.freeze, trainable=config.model.trainable
-        )
+        lora = config.model.lora
+        if lora is None:
+            hf_model = load_pretrained(self.source.model_dir, config.model,
+                                       param_dtype=param_dtype, device=self.device)
+            self.tied_groups = tied_parameter_groups(hf_model)
+            self.parameter_counts = apply_trainable_patterns(
+                hf_model, freeze=config.model.freeze, trainable=config.model.trainable
+            )
+        else:  # adapters are created on the CPU, so every device starts from the same ones
+            hf_model = load_pretrained(self.source.model_dir, config.model,
+                                       param_dtype=self.compute_dtype, device="cpu")
+            self.tied_groups = tied_parameter_groups(hf_model)
+            self.lora = LoraState.attach(hf_model, lora, seed=config.run.seed,
+                                         trainable_dtype=param_dtype)
+            hf_model.to(self.device)
+            self.parameter_counts = count_parameters(hf_model)
         if config.model.gradient_checkpointing:
             enable_gradient_checkpointing(hf_model)
         if config.train.compile:
             compile_blocks(hf_model)
-        self.tied_groups = tied_parameter_groups(hf_model)
         self.hf_model = hf_model
-        self.generation_model = hf_model
+        # LoRA layers would be bypassed by the engine's fused decode path: it keeps a copy
+        self.generation_model = hf_model if lora is None else None
+        self._autocast = any(p.dtype != self.compute_dtype for p in hf_model.parameters())
         self.policy = TokenLogprobModel(hf_model, chunk_tokens=self.chunk_tokens)
         self.optimizer = build_optimizer(self.policy.named_parameters(), config.train,
                                          device=self.device)
@@ -80,18 +98,21 @@ class SingleDeviceBackend(TorchBackend):
 
     def _build_diffusion(self, ctx: RunContext, param_dtype: torch.dtype) -> None:
         config = ctx.config
-        model = self.load_diffusion_transformer(ctx, param_dtype=param_dtype, device=self.device)
+        # adapters are created on the CPU like a language model's, then moved
+        device = "cpu" if config.model.lora is not None else self.device
+        model = self.load_diffusion_transformer(ctx, param_dtype=param_dtype, device=device)
+        model.to(self.device)
         if config.train.compile:  # denoising steps have fixed shapes: sampling compiles too
             compile_blocks(model, without_grad=True)
         self.hf_model = self.generation_model = self.policy = model
+        self._autocast = any(p.dtype != self.compute_dtype for p in model.parameters())
         self.optimizer = build_optimizer(model.named_parameters(), config.train,
                                          device=self.device)
         self.scheduler = build_scheduler(self.optimizer, config.train, lambda: ctx.total_steps)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Autocast to the compute dtype when parameters are kept in a wider dtype."""
-        params_dtype = next(self._policy().parameters()).dtype
-        if self.compute_dtype == params_dtype:
+        if not self._autocast:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
@@ -104,7 +125,7 @@ class SingleDeviceBackend(TorchBackend):
                     if v.requires_grad}
         return {k: v.detach().cpu() for k, v in self.hf_model.state_dict().items()}
 
-    def full_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield the live parameters and buffers by Hugging Face name (no copies)."""
+    def _full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield the live parameters and buffers by name (no copies)."""
         for name, tensor in self.hf_model.state_dict().items():
             yield name, tensor.detach()

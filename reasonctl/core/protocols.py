@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 from reasonctl.core.config import RunConfig
 from reasonctl.core.lifecycle import LifecycleHooks
 from reasonctl.core.registry import Registry
-from reasonctl.core.reward_set import RewardSet
 from reasonctl.core.types import (
     Completion,
     Metrics,
@@ -79,7 +78,7 @@ class RunContext:
     model_source: ModelSource | None = None
     processor: Processor | None = None
     dataset: Dataset | None = None
-    rewards: RewardSet | None = None
+    rewards: RewardScorer | None = None
     engine: RolloutEngine | None = None
     evaluator: Evaluator | None = None
     checkpoints: CheckpointManager | None = None
@@ -140,6 +139,17 @@ class DeclaresNeeds(Protocol):
 
     def needs(self) -> Needs:
         """The parts to build; the runner asks once, before building any part."""
+        ...
+
+
+@runtime_checkable
+class Closes(Protocol):
+    """Optional for algorithms and rollout engines: release what they hold (worker threads,
+    server processes, device memory) when the run ends, whatever its outcome (default:
+    nothing to release)."""
+
+    def close(self) -> None:
+        """Release resources; called once by the runner at the end of the run."""
         ...
 
 
@@ -206,23 +216,72 @@ class Reward(Protocol):
 
 
 MediaType = Literal["image", "video", "latent"]
-"""What a media reward scores: ``image`` (uint8 ``[H, W, 3]``), ``video`` (uint8
-``[T, H, W, 3]``) or ``latent`` (float32, the model's latent layout), as numpy arrays."""
+"""What a media reward's completions are (see :class:`ScoresMedia`)."""
 
 
 @runtime_checkable
 class ScoresMedia(Protocol):
-    """Optional for rewards: scores generated media instead of text (default: text).
+    """Optional for rewards: the completions are generated media, not text (default: text).
 
-    A reward with ``media_type`` receives numpy arrays as its completions, one per
-    generated sample: decoded frames (``"image"``: uint8 ``[H, W, 3]``; ``"video"``: uint8
-    ``[T, H, W, 3]``) or the model's latents (``"latent"``: float32). Diffusion algorithms
-    (``flow_grpo``, ``ddrl``) decode what their rewards ask for; a text reward in such a
-    run is a configuration error. Plain callables without the attribute receive the
-    model's natural media (images or videos).
+    A reward with ``media_type`` receives numpy arrays as ``completions``, one per sample:
+    ``"image"``: ``uint8 [H, W, 3]``; ``"video"``: ``uint8 [T, H, W, 3]``; ``"latent"``:
+    ``float32`` of any shape (what a world model generates before decoding). The reward
+    service checks every request's arrays against the reward's ``media_type`` before the
+    reward sees them. Diffusion algorithms (``flow_grpo``, ``ddrl``) decode what their
+    rewards ask for; a text reward in such a run is a configuration error, and plain
+    callables without the attribute receive the model's natural media (images or videos).
     """
 
     media_type: MediaType
+
+
+@runtime_checkable
+class SubmitsAsync(Protocol):
+    """Optional for rewards: scoring that runs elsewhere and can overlap training (default:
+    the reward is called synchronously).
+
+    :meth:`submit` starts scoring and returns at once with a handle; :meth:`collect` waits
+    for that handle's scores. :meth:`reasonctl.RewardSet.submit` submits every such reward
+    before it computes the local ones, and GRPO collects just before its update, so the
+    scoring overlaps the log-prob passes. ``__call__`` (the :class:`Reward` protocol) stays
+    required: it is ``collect(submit(...))``. A failure may surface in either method;
+    ``rewards.on_error`` applies to it as to a raising ``__call__``.
+    """
+
+    def submit(self, completions: Sequence[Any], samples: Sequence[Sample]) -> Any:
+        """Start scoring ``completions`` (answers to ``samples``); return a handle."""
+        ...
+
+    def collect(self, handle: Any) -> list[float | None]:
+        """The scores of a submitted batch, one per completion (``None``: does not apply)."""
+        ...
+
+
+@runtime_checkable
+class RewardScorer(Protocol):
+    """The run's configured rewards as one scorer (:class:`reasonctl.RewardSet`).
+
+    ``score`` returns a :class:`reasonctl.RewardScores` (weighted ``totals``, per-reward
+    ``components``, ``metrics``); ``submit``/``collect`` split it in two so asynchronous
+    rewards (``SubmitsAsync``) work while the caller does something else.
+    """
+
+    @property
+    def names(self) -> list[str]:
+        """Reward names in config order."""
+        ...
+
+    def score(self, completions: Sequence[Any], samples: Sequence[Sample]) -> Any:
+        """Score ``completions[i]`` as an answer to ``samples[i]`` with every reward."""
+        ...
+
+    def submit(self, completions: Sequence[Any], samples: Sequence[Sample]) -> Any:
+        """Start scoring; pass the result to :meth:`collect`."""
+        ...
+
+    def collect(self, pending: Any) -> Any:
+        """Finish what :meth:`submit` started."""
+        ...
 
 
 @runtime_checkable
@@ -283,7 +342,9 @@ LossFn = Callable[[TokenOutputs, Any], "tuple[torch.Tensor, Metrics]"]
 (:data:`ForwardFn`) ``outputs`` is what that function returned. The backend sums the returned
 losses over all micro-batches and ranks, so a loss function normalises by the *global*
 count it needs (e.g. all loss tokens in the step), which the algorithm computes before
-calling :meth:`Backend.train_step`.
+calling :meth:`Backend.train_step`. Metric values may be floats or 0-dim tensors: tensors
+stay on the device and are read with the step's other numbers in one host transfer, so a
+loss function should return tensors rather than calling ``float()``/``.item()``.
 """
 
 
@@ -414,6 +475,21 @@ class RunsForward(Protocol):
 
 
 @runtime_checkable
+class ProvidesChangedWeights(Protocol):
+    """Optional for backends: the few tensors that differ from the source model.
+
+    ``changed_state_dict()`` yields full tensors by Hugging Face name of only the weights
+    training can have changed (with LoRA: the merged weights of the adapted layers), or
+    returns ``None`` when any weight may have changed. Default: ``None``, so engines get
+    :meth:`Backend.full_state_dict`.
+    """
+
+    def changed_state_dict(self) -> Iterator[tuple[str, torch.Tensor]] | None:
+        """The changed tensors (all ranks iterate to the end), or ``None``."""
+        ...
+
+
+@runtime_checkable
 class ReportsEfficiency(Protocol):
     """Optional for backends: FLOP counts for the ``mfu`` metric (default: no ``mfu``)."""
 
@@ -491,6 +567,20 @@ class SharesPolicyWeights(Protocol):
     rollout, see :func:`reasonctl.sync_engine_weights`)."""
 
     shares_policy_weights: bool
+
+
+@runtime_checkable
+class UpdatesChangedWeights(Protocol):
+    """Optional for engines: load some tensors by name and keep the others as they are.
+
+    Engines that hold the source model's weights take only the changed tensors of a
+    backend offering :class:`ProvidesChangedWeights` (default: every tensor through
+    :meth:`RolloutEngine.update_weights`).
+    """
+
+    def update_changed_weights(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Copy the given full tensors into the weights of the same names, in place."""
+        ...
 
 
 @runtime_checkable
@@ -588,20 +678,31 @@ def algorithm_needs(algorithm: Algorithm, options: Any = None) -> Needs:
     return Needs()
 
 
-def reward_media_type(reward: Any) -> MediaType | None:
-    """What ``reward`` scores (:class:`ScoresMedia`), ``None`` for a text reward or a
-    callable that does not say."""
-    return reward.media_type if isinstance(reward, ScoresMedia) else None
-
-
 def shares_policy_weights(engine: RolloutEngine) -> bool:
     """Whether ``engine`` generates with the trainer's own module (``False`` by default)."""
     return isinstance(engine, SharesPolicyWeights) and bool(engine.shares_policy_weights)
 
 
+def changed_state_dict(backend: Backend) -> Iterator[tuple[str, torch.Tensor]] | None:
+    """The backend's changed tensors, or ``None`` (the default: any may have changed)."""
+    if isinstance(backend, ProvidesChangedWeights):
+        return backend.changed_state_dict()
+    return None
+
+
+def updates_changed_weights(engine: RolloutEngine) -> bool:
+    """Whether ``engine`` can load a subset of its weights (``False`` by default)."""
+    return isinstance(engine, UpdatesChangedWeights)
+
+
 def skipped_rows(dataset: Dataset) -> int:
     """How many malformed rows ``dataset`` skipped (0 by default)."""
     return int(dataset.skipped_rows) if isinstance(dataset, CountsSkippedRows) else 0
+
+
+def reward_media_type(reward: Reward) -> str:
+    """What ``reward`` scores: its :class:`ScoresMedia` ``media_type``, else ``"text"``."""
+    return str(reward.media_type) if isinstance(reward, ScoresMedia) else "text"
 
 
 def generation_model(backend: Backend) -> Any:
@@ -613,6 +714,7 @@ __all__ = [
     "PROTOCOLS",
     "Algorithm",
     "Backend",
+    "Closes",
     "CountsSkippedRows",
     "Dataset",
     "DeclaresNeeds",
@@ -623,10 +725,12 @@ __all__ = [
     "MediaType",
     "Needs",
     "Processor",
+    "ProvidesChangedWeights",
     "ProvidesGenerationModel",
     "ReportsEfficiency",
     "ReportsMemory",
     "Reward",
+    "RewardScorer",
     "RolloutEngine",
     "RunContext",
     "RunsForward",
@@ -634,10 +738,13 @@ __all__ = [
     "SharesPolicyWeights",
     "Storage",
     "StreamsText",
+    "SubmitsAsync",
     "SupportsReferenceModel",
     "TokenOutputs",
+    "UpdatesChangedWeights",
     "ValidatesRunConfig",
     "algorithm_needs",
+    "changed_state_dict",
     "generation_model",
     "reward_media_type",
     "shares_policy_weights",

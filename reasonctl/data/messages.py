@@ -334,9 +334,16 @@ def apply_prompt_options(
         text = prompt_template.replace("{prompt}", original)
     else:
         text = f"{original}\n{prompt_template}" if original else prompt_template
+    out[target] = Message(message.role, with_text(message.content, text))
+    return out
+
+
+def with_text(content: Sequence[ContentPart], text: str) -> list[ContentPart]:
+    """``content`` with its text replaced by ``text``: media parts kept in place, the first
+    text part becomes ``text`` (appended when there is none), other text parts dropped."""
     parts: list[ContentPart] = []
     placed = False
-    for part in message.content:
+    for part in content:
         if part.type != "text":
             parts.append(part)
         elif not placed:
@@ -344,5 +351,4 @@ def apply_prompt_options(
             placed = True
     if not placed:
         parts.append(ContentPart("text", text=text))
-    out[target] = Message(message.role, parts)
-    return out
+    return parts

@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from reasonctl.core.types import ContentPart, Message, Sample
+from reasonctl.core.types import Message, Sample
+from reasonctl.data.messages import with_text
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 CHOICES_FIELD = "{choices}"
@@ -100,20 +101,5 @@ def layout_mcq(sample: Sample) -> Sample:
         text = f"{text[:at].rstrip()}\n{block}{text[at:]}"
     elif block:
         text = f"{text.rstrip()}\n{block}" if text.strip() else block
-    messages[target] = Message(message.role, _with_text(message.content, text))
+    messages[target] = Message(message.role, with_text(message.content, text))
     return replace(sample, messages=messages)
-
-
-def _with_text(content: Sequence[ContentPart], text: str) -> list[ContentPart]:
-    """Media parts kept in place; the first text part becomes ``text``, others dropped."""
-    parts: list[ContentPart] = []
-    placed = False
-    for part in content:
-        if part.type != "text":
-            parts.append(part)
-        elif not placed:
-            parts.append(ContentPart("text", text=text))
-            placed = True
-    if not placed:
-        parts.append(ContentPart("text", text=text))
-    return parts

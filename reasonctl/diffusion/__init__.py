@@ -7,7 +7,7 @@ The pieces, one job per module:
   scale, text conditioning, condition masks, latent layout, VAE normalisation) behind one
   interface, keyed by the diffusers class name;
 - :mod:`.policy` builds the trainable transformer for the ``single`` and ``fsdp``
-  backends (LoRA through peft, frozen patterns, gradient checkpointing) and
+  backends (``[model.lora]`` through peft, frozen patterns, gradient checkpointing) and
   :mod:`.export` writes it back as a pipeline directory or a LoRA adapter;
 - :mod:`.sde` is the math of one denoising step (the SDE transition with its Gaussian
   log-probability, the deterministic step, the KL between two transitions),
@@ -18,7 +18,6 @@ The pieces, one job per module:
 - :mod:`.conditioning` turns samples into text conditions (the pipeline's own encoder
   or precomputed embeddings) and conditioning frames, :mod:`.media` reads and writes
   videos and images, :mod:`.datasets` holds the ``video_text`` and ``mock_media`` formats;
-  :mod:`.options` the LoRA options the backends read from the algorithm's config;
 - :mod:`.flow_grpo` and :mod:`.ddrl` are the algorithms, :mod:`.config` their options,
   :mod:`.evaluation` the in-loop evaluation, :mod:`.infer` ``reasonctl infer`` for
   pipeline directories, :mod:`.tiny` tiny random pipelines built offline.

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from reasonctl.core.protocols import Needs
-from reasonctl.diffusion.options import DiffusionModelOptions, LoraOptions
 
 if TYPE_CHECKING:
     from reasonctl.core.config import RunConfig
@@ -68,8 +67,6 @@ class FlowGRPOConfig(BaseModel):
     eval_prompts: list[str] = Field(default_factory=list, description="Fixed prompts of the "
                                     "in-loop evaluation ([eval] every_steps).")
     eval_seed: int = Field(default=0, ge=0, description="Seed of the evaluation noise.")
-    lora: LoraOptions | None = Field(default=None, description="Train LoRA adapters instead "
-                                     "of the whole transformer.")
 
     @model_validator(mode="after")
     def _check(self) -> FlowGRPOConfig:
@@ -97,15 +94,15 @@ class FlowGRPOConfig(BaseModel):
         return Needs(processor=False, dataset=True, rewards=True,
                      reference_model=self.kl_beta > 0)
 
-    def diffusion_model_options(self) -> DiffusionModelOptions:
-        """LoRA or full fine-tune (:class:`~reasonctl.diffusion.options.
-        ConfiguresDiffusionModel`)."""
-        return DiffusionModelOptions(lora=self.lora)
-
     def config_problems(self, config: RunConfig, *, world_size: int) -> list[str]:
-        """Groups of at least two samples; prompts that split over the ranks."""
+        """Groups of at least two samples; prompts that split over the ranks; what
+        ``[model.lora]`` cannot do for a diffusion transformer."""
+        from reasonctl.diffusion.policy import lora_section_problems
+
         problems = []
         name = config.algorithm.name
+        if config.model.lora is not None:
+            problems += lora_section_problems(config.model.lora)
         if config.rollout.n < 2:
             problems.append(f"rollout.n: {name} compares samples within a group, so it needs "
                             f"at least 2 per prompt (got {config.rollout.n})")

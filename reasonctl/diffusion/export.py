@@ -54,11 +54,13 @@ def save_pipeline_export(directory: Path, state_dict: dict[str, torch.Tensor], *
 
 
 def save_lora_export(directory: Path, adapter_state: dict[str, torch.Tensor], *,
-                     model: Any, info: DiffusionModelInfo, dtype: torch.dtype) -> Path:
-    """Write the LoRA adapters of ``model`` (``adapter_state`` holds their full values)."""
+                     model: Any, info: DiffusionModelInfo, dtype: torch.dtype,
+                     lora: dict[str, Any]) -> Path:
+    """Write the LoRA adapters of ``model`` (``adapter_state`` holds their full values;
+    ``lora`` is the ``[model.lora]`` section, recorded in the manifest)."""
     from peft.utils import get_peft_model_state_dict
 
-    from reasonctl.diffusion.policy import ADAPTER_NAME
+    from reasonctl.models.lora import ADAPTER as ADAPTER_NAME
 
     tmp = _fresh_tmp(directory)
     tmp.mkdir()
@@ -71,7 +73,7 @@ def save_lora_export(directory: Path, adapter_state: dict[str, torch.Tensor], *,
                                    transformer_lora_adapter_metadata=_jsonable(metadata))
     manifest = {"base_model": str(info.model_dir.absolute()),
                 "pipeline": pipeline_class_name(info.model_dir),
-                "lora": info.lora.model_dump() if info.lora is not None else {}}
+                "lora": lora}
     (tmp / LORA_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return _commit(tmp, directory)
 

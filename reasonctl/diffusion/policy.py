@@ -3,24 +3,22 @@
 A backend that finds a diffusers pipeline directory at ``model.name_or_path`` trains its
 ``transformer`` component instead of a causal language model: :func:`load_transformer`
 loads it (or builds it weightless on the meta device for ranks that receive their shards),
-:func:`prepare_trainable` applies the algorithm's :class:`~.options.DiffusionModelOptions`
-(LoRA adapters through peft, or ``model.freeze`` / ``model.trainable`` patterns for a full
-fine-tune) and ``model.gradient_checkpointing``. Everything else the backends do
-(sharding the blocks listed in ``_no_split_modules``, mixed precision, DCP checkpoints)
-is shared with language models.
+:func:`prepare_trainable` applies ``[model.lora]`` (peft adapters through the same
+:class:`~reasonctl.backends.lora.LoraState` as a language model's; presets resolved by
+:func:`resolve_diffusion_lora_targets`) or ``model.freeze`` / ``model.trainable`` patterns
+for a full fine-tune, and ``model.gradient_checkpointing``. Everything else the backends
+do (sharding the blocks listed in ``_no_split_modules``, mixed precision, DCP
+checkpoints, the adapters-off KL reference) is shared with language models.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from reasonctl.core.errors import ConfigError, require
-from reasonctl.diffusion.options import LoraOptions
+from reasonctl.core.errors import require
 from reasonctl.diffusion.pipeline_dir import component_class, transformer_class_name
 from reasonctl.models.loading import (
     ModelLoadError,
@@ -33,9 +31,13 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from reasonctl.core.config import ModelSection
+    from reasonctl.backends.lora import LoraState
+    from reasonctl.core.config import LoraSection, ModelSection
 
-ADAPTER_NAME = "default"
+ATTENTION_PART = re.compile(r"(^|\.)attn\d*\.")
+"""Where diffusers' attention modules sit in a block (``attn``, ``attn1``, ``attn2``)."""
+FEED_FORWARD_PART = re.compile(r"(^|\.)(ff|ffn|ff_context|mlp)\.")
+"""Where a block's feed-forward networks sit (SD3 ``ff``/``ff_context``, Wan ``ffn``)."""
 
 
 @dataclass(frozen=True)
@@ -44,9 +46,6 @@ class DiffusionModelInfo:
 
     model_dir: Path
     transformer_class: str
-    lora: LoraOptions | None = None
-    lora_key: str = ""
-    """The config key of the LoRA options, for error messages (``algorithm.x.lora``)."""
 
 
 def load_transformer(model_dir: Path, *, dtype: torch.dtype, device: torch.device | str,
@@ -68,21 +67,22 @@ def load_transformer(model_dir: Path, *, dtype: torch.dtype, device: torch.devic
     return model.to(device)
 
 
-def prepare_trainable(model: nn.Module, section: ModelSection, lora: LoraOptions | None,
-                      *, lora_key: str = "lora") -> ParameterCounts:
-    """Make the right parameters trainable and return the counts.
+def prepare_trainable(model: nn.Module, section: ModelSection, *, seed: int,
+                      trainable_dtype: torch.dtype) -> tuple[ParameterCounts, LoraState | None]:
+    """Make the right parameters trainable; return the counts and the adapters.
 
-    With ``lora`` only the injected adapters train (``model.trainable`` patterns then pick
-    among the adapters, ``model.freeze`` freezes some of them); without it every parameter
-    trains unless ``model.freeze`` / ``model.trainable`` say otherwise. Gradient
-    checkpointing follows ``model.gradient_checkpointing``.
+    With ``section.lora`` only the injected adapters train (initialised from ``seed``, in
+    ``trainable_dtype``); without it every parameter trains unless ``model.freeze`` /
+    ``model.trainable`` say otherwise. Gradient checkpointing follows
+    ``model.gradient_checkpointing``.
     """
-    if lora is None:
+    lora = None
+    if section.lora is None:
         counts = apply_trainable_patterns(model, freeze=section.freeze,
                                           trainable=section.trainable)
     else:
-        add_lora(model, lora, key=lora_key)
-        counts = _restrict_adapters(model, section)
+        lora = attach_lora(model, section.lora, seed=seed, trainable_dtype=trainable_dtype)
+        counts = count_parameters(model)
     if section.gradient_checkpointing:
         if not getattr(model, "_supports_gradient_checkpointing", False):
             raise ModelLoadError(
@@ -90,72 +90,68 @@ def prepare_trainable(model: nn.Module, section: ModelSection, lora: LoraOptions
                 "model.gradient_checkpointing = false"
             )
         model.enable_gradient_checkpointing()
-    return counts
+    return counts, lora
 
 
-def add_lora(model: nn.Module, lora: LoraOptions, *, key: str = "lora") -> None:
-    """Freeze ``model`` and inject LoRA adapters (named ``default``) into its targets."""
-    require("peft", "diffusion", "LoRA training")
-    from peft import LoraConfig
+def attach_lora(model: nn.Module, section: LoraSection, *, seed: int,
+                trainable_dtype: torch.dtype) -> LoraState:
+    """Inject ``[model.lora]`` adapters (peft's ``default``) into the transformer."""
+    from reasonctl.backends.lora import LoraState
 
-    model.requires_grad_(False)
-    config = LoraConfig(
-        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        init_lora_weights="gaussian" if lora.init == "gaussian" else True,
-    )
-    try:
-        model.add_adapter(config, adapter_name=ADAPTER_NAME)  # type: ignore[operator]
-    except ValueError as exc:
-        names = sorted({n.rsplit(".", 1)[-1] for n, _ in model.named_modules() if n})
-        raise ConfigError([
-            f"{key}.target_modules: {exc} Module names in {type(model).__name__} end with: "
-            f"{', '.join(names[:20])}"
-        ]) from None
+    require("peft", "diffusion", "model.lora")
+    problems = lora_section_problems(section)
+    if problems:
+        raise ModelLoadError("; ".join(problems))
+    targets = resolve_diffusion_lora_targets(model, section)
+    return LoraState.attach(model, section, seed=seed, trainable_dtype=trainable_dtype,
+                            targets=targets)
 
 
-def _restrict_adapters(model: nn.Module, section: ModelSection) -> ParameterCounts:
-    adapters = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    names = [n for n, _ in adapters]
-    for key, patterns in (("model.trainable", section.trainable),
-                          ("model.freeze", section.freeze)):
-        for pattern in patterns:
-            if not any(re.search(pattern, n) for n in names):
-                raise ModelLoadError(f"{key}: pattern {pattern!r} matches no LoRA adapter; "
-                                     f"adapter names look like: {', '.join(names[:3])}")
-    for name, param in adapters:
-        wanted = not section.trainable or any(re.search(p, name) for p in section.trainable)
-        if any(re.search(p, name) for p in section.freeze):
-            wanted = False
-        param.requires_grad_(wanted)
-    counts = count_parameters(model)
-    if counts.trainable == 0:
-        raise ModelLoadError("model.freeze / model.trainable leave no LoRA adapter to train")
-    return counts
+def lora_section_problems(section: LoraSection) -> list[str]:
+    """What ``[model.lora]`` asks that a diffusion transformer cannot do."""
+    problems = []
+    if section.include_vision:
+        problems.append("model.lora.include_vision: a diffusion transformer has no vision "
+                        "tower; remove the key")
+    if section.modules_to_save:
+        problems.append("model.lora.modules_to_save: not supported for a diffusion "
+                        "transformer (diffusers' LoRA files hold adapters only); remove it, "
+                        "or train without [model.lora] and pick modules with model.trainable")
+    return problems
 
 
-def model_info(model_dir: Path, lora: LoraOptions | None, lora_key: str) -> DiffusionModelInfo:
-    """The :class:`DiffusionModelInfo` of a pipeline directory."""
-    return DiffusionModelInfo(Path(model_dir), transformer_class_name(model_dir), lora,
-                              lora_key)
+def resolve_diffusion_lora_targets(model: nn.Module, section: LoraSection) -> list[str]:
+    """Full names of the linear modules of a diffusion transformer that get adapters.
 
-
-class AdapterReference:
-    """The reference policy of a LoRA run: the base model, i.e. the adapters switched off.
-
-    Adapters start at zero (B = 0), so the base model is exactly the starting policy and no
-    copy of the weights is needed. Has the ``active()`` context of the full-weight copy it
-    replaces.
+    Presets: ``attention`` (every linear layer of the blocks' attention modules),
+    ``mlp`` (of their feed-forward networks), ``all-linear`` (both); lists of names and
+    regexes are matched as for a language model. Blocks are the classes in the model's
+    ``_no_split_modules`` (embedders, modulation and the output projection are left out).
     """
+    import torch
 
-    def __init__(self, model: Any) -> None:
-        self.model = model
+    from reasonctl.models.lora import resolve_lora_targets
 
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        """Within this block the adapters are disabled."""
-        self.model.disable_adapters()
-        try:
-            yield
-        finally:
-            self.model.enable_adapters()
+    if not isinstance(section.target_modules, str):
+        return resolve_lora_targets(model, section)
+    block_names = set(getattr(model, "_no_split_modules", None) or [])
+    prefixes = [name + "." for name, m in model.named_modules()
+                if type(m).__name__ in block_names]
+    linear = [name for name, m in model.named_modules()
+              if isinstance(m, torch.nn.Linear) and any(name.startswith(p) for p in prefixes)]
+    parts = {"attention": (ATTENTION_PART,), "mlp": (FEED_FORWARD_PART,),
+             "all-linear": (ATTENTION_PART, FEED_FORWARD_PART)}[section.target_modules]
+    targets = [n for n in linear if any(p.search(n) for p in parts)]
+    if not targets:
+        raise ModelLoadError(
+            f"model.lora.target_modules = {section.target_modules!r} found no such layers in "
+            f"the blocks of {type(model).__name__}; list the modules instead, e.g. "
+            f"[\"to_q\", \"to_v\"]; its linear modules look like: "
+            f"{', '.join(linear[:6]) or '(none)'}"
+        )
+    return targets
+
+
+def model_info(model_dir: Path) -> DiffusionModelInfo:
+    """The :class:`DiffusionModelInfo` of a pipeline directory."""
+    return DiffusionModelInfo(Path(model_dir), transformer_class_name(model_dir))

@@ -133,15 +133,16 @@ def reward_media(rewards: RewardSet | None, video: bool, algorithm: str,
     if rewards is None:
         return natural
     text = [t.name for t in rewards.terms
-            if reward_media_type(t.reward) is None and not isinstance(t.reward, CallableReward)]
+            if reward_media_type(t.reward) == "text" and not isinstance(t.reward, CallableReward)]
     if text:
         problems.append(f"rewards.components: {', '.join(text)} score(s) text, but "
                         f"{algorithm} generates images or videos; use media rewards "
                         "(brightness, color, remote, or a function of the frames)")
     declared = {t.name: reward_media_type(t.reward) for t in rewards.terms}
-    kinds = {v for v in declared.values() if v is not None}
+    declared = {n: v for n, v in declared.items() if v != "text"}
+    kinds = set(declared.values())
     if len(kinds) > 1:
-        listing = ", ".join(f"{n}: {v}" for n, v in declared.items() if v is not None)
+        listing = ", ".join(f"{n}: {v}" for n, v in declared.items())
         problems.append(f"rewards.components: the rewards score different media ({listing}); "
                         f"{algorithm} gives every reward the same arrays")
         return natural
