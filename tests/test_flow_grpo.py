@@ -128,13 +128,68 @@ def test_lora_trains_adapters_only_and_its_export_loads_with_load_lora_weights(
     assert torch.allclose(theirs, ours, atol=1e-5)
 
 
-def _with_state(model_dir: Path, state: dict[str, torch.Tensor], *args: Any) -> torch.Tensor:
+def test_lora_merged_export_is_a_pipeline_that_computes_like_the_adapted_model(
+        tmp_path: Path, tiny_pipelines: dict[str, Path]) -> None:  # noqa: F811
+    from diffusers import DiffusionPipeline
+
+    model = tiny_pipelines["sd3"]
+    lora = {"rank": 4, "alpha": 8, "target_modules": "attention"}
+    config = run_config(tmp_path, model, steps=1, lora=lora)
+    config["train"]["lr"] = 5e-2
+    config["checkpoint"] = {"export_final": True}
+    weights = Weights()
+    reasonctl.run(config, plugins=[weights])
+    export = tmp_path / "export" / "final"
+    assert not (export / "pytorch_lora_weights.safetensors").exists()
+    pipe = DiffusionPipeline.from_pretrained(export)
+    base = DiffusionPipeline.from_pretrained(model).transformer.state_dict()
+    merged = pipe.transformer.state_dict()
+    assert merged.keys() == base.keys()
+    changed = {k for k in base if not torch.equal(base[k], merged[k])}
+    assert changed and all(".attn." in k and k.endswith(".weight") for k in changed)
+    torch.manual_seed(0)
+    x = torch.randn(1, 4, 4, 4)
+    text, pooled = torch.randn(1, 5, 64), torch.randn(1, 64)
+    with torch.no_grad():
+        theirs = pipe.transformer(x, text, pooled, torch.tensor([500.0]), return_dict=False)[0]
+        ours = _with_state(model, weights.end, x, text, pooled, lora=lora)
+    assert torch.allclose(theirs, ours, atol=1e-5)
+
+
+def test_lora_presets_name_the_blocks_attention_and_feed_forward_layers(
+        tiny_pipelines: dict[str, Path]) -> None:  # noqa: F811
+    from reasonctl.core.config import LoraSection
+    from reasonctl.diffusion.policy import load_transformer, resolve_diffusion_lora_targets
+
+    for family, attention, mlp in (
+            ("sd3", {"to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj",
+                     "add_v_proj", "to_add_out"}, {"ff.net.0.proj", "ff.net.2",
+                                                   "ff_context.net.0.proj",
+                                                   "ff_context.net.2"}),
+            ("wan", {"attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
+                     "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"},
+             {"ffn.net.0.proj", "ffn.net.2"})):
+        module = load_transformer(tiny_pipelines[family], dtype=torch.float32, device="cpu")
+
+        def targets(preset: str, module: Any = module) -> set[str]:
+            names = resolve_diffusion_lora_targets(module, LoraSection(target_modules=preset))
+            return {n.split(".", 2)[2] for n in names}  # without "<blocks>.<i>."
+
+        assert {t.removeprefix("attn.") for t in targets("attention")} == attention, family
+        assert targets("mlp") == mlp, family
+        assert targets("all-linear") == targets("attention") | targets("mlp"), family
+    with pytest.raises(Exception, match="'to_nothing' matches no linear module"):
+        resolve_diffusion_lora_targets(module, LoraSection(target_modules=["to_nothing"]))
+
+
+def _with_state(model_dir: Path, state: dict[str, torch.Tensor], *args: Any,
+                lora: dict[str, Any] | None = None) -> torch.Tensor:
     from reasonctl.core.config import LoraSection
     from reasonctl.diffusion.policy import attach_lora, load_transformer
 
     module = load_transformer(model_dir, dtype=torch.float32, device="cpu")
-    attach_lora(module, LoraSection(rank=4, alpha=8, target_modules=["to_q", "to_v"]),
-                seed=0, trainable_dtype=torch.float32)
+    section = LoraSection(**(lora or {"rank": 4, "alpha": 8, "target_modules": ["to_q", "to_v"]}))
+    attach_lora(module, section, seed=0, trainable_dtype=torch.float32)
     module.load_state_dict(state)
     x, text, pooled = args
     return module(x, text, pooled, torch.tensor([500.0]), return_dict=False)[0]
@@ -230,6 +285,16 @@ def test_configuration_mistakes_are_named(tmp_path: Path,
         reasonctl.run(config)
     with pytest.raises(Exception, match="train_steps: \\[9\\] outside 0..3"):
         reasonctl.run(run_config(tmp_path, tiny_pipelines["sd3"], train_steps=[1, 9]))
+    config = run_config(tmp_path, tiny_pipelines["sd3"],
+                        lora={"include_vision": True, "modules_to_save": ["proj_out"]})
+    with pytest.raises(ConfigError) as error:
+        reasonctl.run(config)
+    assert "model.lora.include_vision: a diffusion transformer has no vision" in str(error.value)
+    assert "model.lora.modules_to_save: not supported" in str(error.value)
+    config = run_config(tmp_path, tiny_pipelines["sd3"])
+    config["algorithm"]["flow_grpo"]["lora"] = {"rank": 4}  # LoRA is [model.lora]
+    with pytest.raises(ConfigError, match="algorithm.flow_grpo.lora"):
+        reasonctl.run(config)
 
 
 KILLED_RUN = """
