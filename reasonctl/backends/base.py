@@ -102,11 +102,13 @@ class TorchBackend:
         raise NotImplementedError
 
     def load_diffusion_transformer(self, ctx: RunContext, *, param_dtype: torch.dtype,
-                                   device: torch.device | str, on_meta: bool = False
+                                   device: torch.device | str, on_meta: bool = False,
+                                   trainable_dtype: torch.dtype | None = None
                                    ) -> torch.nn.Module:
-        """Load the pipeline's transformer and make it trainable: LoRA adapters with
-        ``[model.lora]`` (sets ``lora``), else the ``model.freeze``/``model.trainable``
-        patterns; sets ``diffusion`` and the parameter counts."""
+        """Load the pipeline's transformer in ``param_dtype`` and make it trainable: LoRA
+        adapters (in ``trainable_dtype``, default ``param_dtype``) with ``[model.lora]``
+        (sets ``lora``), else the ``model.freeze``/``model.trainable`` patterns; sets
+        ``diffusion`` and the parameter counts."""
         from reasonctl.diffusion.policy import load_transformer, model_info, prepare_trainable
 
         assert self.source is not None
@@ -115,7 +117,8 @@ class TorchBackend:
         model = load_transformer(self.source.model_dir, dtype=param_dtype, device=device,
                                  on_meta=on_meta)
         self.parameter_counts, self.lora = prepare_trainable(
-            model, config.model, seed=config.run.seed, trainable_dtype=param_dtype)
+            model, config.model, seed=config.run.seed,
+            trainable_dtype=trainable_dtype or param_dtype)
         return model
 
     # --- forward and step -----------------------------------------------------------------

@@ -98,10 +98,14 @@ class SingleDeviceBackend(TorchBackend):
 
     def _build_diffusion(self, ctx: RunContext, param_dtype: torch.dtype) -> None:
         config = ctx.config
-        # adapters are created on the CPU like a language model's, then moved
-        device = "cpu" if config.model.lora is not None else self.device
-        model = self.load_diffusion_transformer(ctx, param_dtype=param_dtype, device=device)
-        model.to(self.device)
+        if config.model.lora is None:
+            model = self.load_diffusion_transformer(ctx, param_dtype=param_dtype,
+                                                    device=self.device)
+        else:  # as for a language model: the frozen base in the compute dtype, adapters
+            # created on the CPU in the parameter dtype, then moved
+            model = self.load_diffusion_transformer(
+                ctx, param_dtype=self.compute_dtype, device="cpu", trainable_dtype=param_dtype)
+            model.to(self.device)
         if config.train.compile:  # denoising steps have fixed shapes: sampling compiles too
             compile_blocks(model, without_grad=True)
         self.hf_model = self.generation_model = self.policy = model
