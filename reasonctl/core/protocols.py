@@ -504,10 +504,11 @@ class ReportsEfficiency(Protocol):
 
 @runtime_checkable
 class ReportsMemory(Protocol):
-    """Optional for backends: device memory metrics added to each step (default: none)."""
+    """Optional for backends: device memory metrics the runner adds to every step's metrics
+    (every algorithm gets them; an algorithm's own key of the same name wins). Default: none."""
 
     def memory_metrics(self) -> Metrics:
-        """E.g. ``memory/peak_gib``."""
+        """E.g. ``peak_mem_gb``."""
         ...
 
 

@@ -29,7 +29,14 @@ from reasonctl.core.composition import build_algorithm, build_backend, build_com
 from reasonctl.core.config import RunConfig, redact_text
 from reasonctl.core.errors import ReasonctlError
 from reasonctl.core.plugins import PluginHost
-from reasonctl.core.protocols import Algorithm, Closes, Logger, RunContext, algorithm_needs
+from reasonctl.core.protocols import (
+    Algorithm,
+    Closes,
+    Logger,
+    ReportsMemory,
+    RunContext,
+    algorithm_needs,
+)
 from reasonctl.core.types import Metrics
 
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
@@ -222,6 +229,9 @@ def _loop(ctx: RunContext, algorithm: Algorithm, loggers: list[Logger], uploader
             metrics = dict(algorithm.step(ctx))
             ctx.step += 1
             metrics.setdefault("step_time_s", time.perf_counter() - started)
+            if isinstance(ctx.backend, ReportsMemory):
+                for key, value in ctx.backend.memory_metrics().items():
+                    metrics.setdefault(key, value)
             if ctx.evaluator is not None and ctx.step % config.eval.every_steps == 0:
                 metrics.update(ctx.evaluator.evaluate(ctx))
             ctx.hooks.on_step_end(ctx, ctx.step, metrics)
