@@ -36,7 +36,7 @@ import torch
 from reasonctl.algorithms.rollouts import mix_seed
 from reasonctl.algorithms.sampling import EpochSampler
 from reasonctl.core.errors import ConfigError, ReasonctlError
-from reasonctl.core.protocols import ReportsMemory, RunsForward
+from reasonctl.core.protocols import RunsForward
 from reasonctl.core.types import Metrics, Sample
 from reasonctl.data.datasets import shard
 from reasonctl.diffusion.batches import FlowOutputs, make_forward
@@ -156,8 +156,6 @@ class FlowGRPO:
         metrics.update(self._update(ctx, backend, data))
         metrics["time/update_s"] = time.perf_counter() - update_started
         metrics["time/step_s"] = time.perf_counter() - started
-        if isinstance(backend, ReportsMemory):
-            metrics.update(backend.memory_metrics())
         metrics = backend.all_reduce_mean(metrics) if backend.world_size > 1 else metrics
         every = ctx.config.eval.every_steps
         if self.evaluator is not None and every and (ctx.step + 1) % every == 0:
