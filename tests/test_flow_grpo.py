@@ -168,7 +168,10 @@ def test_lora_presets_name_the_blocks_attention_and_feed_forward_layers(
                                                    "ff_context.net.2"}),
             ("wan", {"attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
                      "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"},
-             {"ffn.net.0.proj", "ffn.net.2"})):
+             {"ffn.net.0.proj", "ffn.net.2"}),
+            ("cosmos", {"attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
+                        "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"},
+             {"ff.net.0.proj", "ff.net.2"})):
         module = load_transformer(tiny_pipelines[family], dtype=torch.float32, device="cpu")
 
         def targets(preset: str, module: Any = module) -> set[str]:
