@@ -637,6 +637,16 @@ class Storage(Protocol):
 
 
 @runtime_checkable
+class ChecksAccess(Protocol):
+    """Optional capability of a storage: check credentials and target before a run."""
+
+    def check_access(self, uri: str) -> None:
+        """Raise :class:`~reasonctl.core.storage.StorageError` (``permanent=True`` for what
+        no retry fixes) when ``uri`` cannot be written with the current credentials."""
+        ...
+
+
+@runtime_checkable
 class Logger(Protocol):
     """Receives metrics; only the main rank's loggers are built and called."""
 
@@ -701,6 +711,12 @@ def skipped_rows(dataset: Dataset) -> int:
     return int(dataset.skipped_rows) if isinstance(dataset, CountsSkippedRows) else 0
 
 
+def check_storage_access(storage: Storage, uri: str) -> None:
+    """Run the storage's start-of-run check of ``uri`` (nothing by default)."""
+    if isinstance(storage, ChecksAccess):
+        storage.check_access(uri)
+
+
 def reward_media_type(reward: Reward) -> str:
     """What ``reward`` scores: its :class:`ScoresMedia` ``media_type``, else ``"text"``."""
     return str(reward.media_type) if isinstance(reward, ScoresMedia) else "text"
@@ -715,6 +731,7 @@ __all__ = [
     "PROTOCOLS",
     "Algorithm",
     "Backend",
+    "ChecksAccess",
     "Closes",
     "CountsSkippedRows",
     "Dataset",
@@ -746,6 +763,7 @@ __all__ = [
     "ValidatesRunConfig",
     "algorithm_needs",
     "changed_state_dict",
+    "check_storage_access",
     "generation_model",
     "reward_media_type",
     "shares_policy_weights",
