@@ -5,9 +5,10 @@ the decode path and runs it in the inference context (no grad, eval mode, the ca
 autocast). Text prompts on supported models take the static path
 (:class:`~reasonctl.rollout.static.decoder.StaticDecoder`: a static slot cache,
 continuous batching, CUDA graphs, the Triton kernels of :mod:`reasonctl.rollout.kernels`);
-vision prompts, other models, ``decode="dynamic"`` and :meth:`HFRolloutEngine.stream`
-take the dynamic path (:class:`~reasonctl.rollout.dynamic.DynamicDecoder`, a per-token
-loop over ``transformers``' dynamic cache). Both sample, record log-probs and cut stop
+vision prompts, other models, a ``repetition_penalty``, ``decode="dynamic"`` and
+:meth:`HFRolloutEngine.stream` take the dynamic path
+(:class:`~reasonctl.rollout.dynamic.DynamicDecoder`, a per-token loop over
+``transformers``' dynamic cache). Both sample, record log-probs and cut stop
 strings alike.
 
 The engine either shares the policy module (colocated on one device: same parameters,
@@ -138,7 +139,8 @@ class HFRolloutEngine:
         _check_params(params)
         started = time.perf_counter()
         generator = self._generator(params.seed)
-        static = self.static_decoder is not None and not has_vision_inputs(prompts)
+        static = (self.static_decoder is not None and not has_vision_inputs(prompts)
+                  and params.repetition_penalty == 1.0)
         with self._inference():
             if static:
                 assert self.static_decoder is not None
@@ -293,3 +295,6 @@ def _check_params(params: SamplingParams) -> None:
         raise ValueError(f"SamplingParams.temperature must be >= 0 (got {params.temperature})")
     if not 0 < params.top_p <= 1:
         raise ValueError(f"SamplingParams.top_p must be in (0, 1] (got {params.top_p})")
+    if params.repetition_penalty <= 0:
+        raise ValueError("SamplingParams.repetition_penalty must be > 0 "
+                         f"(got {params.repetition_penalty})")
