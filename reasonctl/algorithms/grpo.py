@@ -27,8 +27,10 @@ A step of :class:`GRPO`:
 The runner builds everything a step uses (processor, dataset, reward set, rollout engine,
 reference model) from the config and hands it over in the :class:`RunContext`; the rollout
 and batch helpers are the public building blocks of :mod:`reasonctl.algorithms.rollouts`
-and :mod:`reasonctl.algorithms.policy_batch`. The sampler position is the only state beyond
-the backend's, so a resumed run draws the same prompts as an uninterrupted one.
+and :mod:`reasonctl.algorithms.policy_batch`. The prompt order's position (an indexed
+dataset's sampler, or every rank's place in a streamed one:
+:mod:`reasonctl.algorithms.sample_order`) is the only state beyond the backend's, so a
+resumed run draws the same prompts as an uninterrupted one.
 
 The module is a little over our usual length: the phases of a step stay together so their
 order, and what each hands the next, reads in one place.
@@ -37,7 +39,6 @@ order, and what each hands the next, reads in one place.
 from __future__ import annotations
 
 import logging
-import math
 import time
 import warnings
 from collections.abc import Sequence
@@ -72,16 +73,22 @@ from reasonctl.algorithms.rollouts import (
     submit_groups,
     sync_engine_weights,
 )
-from reasonctl.algorithms.sampling import EpochSampler
+from reasonctl.algorithms.sample_order import SampleOrder, sample_order, steps_per_epochs
 from reasonctl.core.config import ConfigWarning
 from reasonctl.core.errors import ConfigError, ReasonctlError
-from reasonctl.core.protocols import SupportsReferenceModel
+from reasonctl.core.protocols import SupportsReferenceModel, streams_samples
 from reasonctl.core.types import Metrics, RolloutGroup, Sample
-from reasonctl.data.datasets import shard
 
 if TYPE_CHECKING:
     from reasonctl.algorithms.grpo_config import GRPOConfig
-    from reasonctl.core.protocols import Backend, Dataset, Processor, RunContext, TokenOutputs
+    from reasonctl.core.protocols import (
+        Backend,
+        Dataset,
+        Processor,
+        RunContext,
+        StreamsSamples,
+        TokenOutputs,
+    )
     from reasonctl.core.reward_set import PendingScores
     from reasonctl.core.types import PolicyBatch
 
@@ -161,7 +168,7 @@ class GRPO:
 
     def __init__(self, config: GRPOConfig) -> None:
         self.config = config
-        self.sampler: EpochSampler | None = None
+        self.order: SampleOrder | None = None
         self.loss_settings: PolicyLossSettings | None = None
         self.temperature = 1.0
         self.micro_batch_size = 1
@@ -174,16 +181,18 @@ class GRPO:
         cfg, config = self.config, ctx.config
         backend = _backend(ctx)
         dataset = _dataset(ctx)
-        if len(dataset) == 0:
+        if not streams_samples(dataset) and len(dataset) == 0:  # type: ignore[arg-type]
             raise ReasonctlError("the GRPO data set is empty; check data.path / data.format")
         self.temperature = config.rollout.temperature
         self.micro_batch_size = config.train.micro_batch_size
-        self.sampler = EpochSampler(len(dataset), seed=config.run.seed,
-                                    shuffle=config.data.shuffle)
+        self.order = sample_order(dataset, seed=config.run.seed, shuffle=config.data.shuffle,
+                                  rank=backend.rank, world_size=backend.world_size)
         if config.train.max_steps is not None:
             ctx.total_steps = config.train.max_steps
         else:
-            ctx.total_steps = config.train.epochs * math.ceil(len(dataset) / cfg.prompts_per_step)
+            ctx.total_steps = steps_per_epochs(self.order, config.train.epochs,
+                                               cfg.prompts_per_step,
+                                               format_name=config.data.format, round_up=True)
         problems = cfg.config_problems(config, world_size=backend.world_size)
         if problems:
             raise ConfigError(problems)
@@ -223,13 +232,21 @@ class GRPO:
         return backend.all_reduce_mean(metrics) if backend.world_size > 1 else metrics
 
     def state_dict(self) -> dict[str, Any]:
-        """The prompt sampler's position."""
-        return {"sampler": self.sampler.state_dict() if self.sampler is not None else None}
+        """The prompt order's position (with a streamed dataset every data-parallel rank's,
+        gathered from all processes: every process calls this when a checkpoint is saved)."""
+        if self.order is None:
+            return {"sampler": None}
+        return {"sampler": self.order.checkpoint_state(self.order.state_dict())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the prompt sampler's position."""
-        if state.get("sampler") is not None and self.sampler is not None:
-            self.sampler.load_state_dict(state["sampler"])
+        """Restore the prompt order's position."""
+        if state.get("sampler") is not None and self.order is not None:
+            self.order.load_state_dict(state["sampler"])
+
+    def close(self) -> None:
+        """Stop reading a streamed dataset."""
+        if self.order is not None:
+            self.order.close()
 
     # --- rollout ----------------------------------------------------------------------------
 
@@ -271,11 +288,11 @@ class GRPO:
         return out
 
     def _next_samples(self, ctx: RunContext, count: int, backend: Backend) -> list[Sample]:
-        """The next ``count`` prompts of the global order; this rank keeps its share."""
-        assert self.sampler is not None
-        dataset = _dataset(ctx)
-        mine = shard(self.sampler.take(count), backend.rank, backend.world_size)
-        return [dataset[i] for i in mine]
+        """This rank's share of the next ``count`` prompts."""
+        assert self.order is not None
+        drawn = self.order.draw(count)
+        ctx.skipped_rows += drawn.skipped
+        return [item.load() for item in drawn.items]
 
     def _enough(self, kept: int, per_rank: int, backend: Backend) -> bool:
         """True when every rank kept ``per_rank`` groups (ranks decide together)."""
@@ -487,7 +504,7 @@ def _backend(ctx: RunContext) -> Backend:
     return ctx.backend
 
 
-def _dataset(ctx: RunContext) -> Dataset:
+def _dataset(ctx: RunContext) -> Dataset | StreamsSamples:
     if ctx.dataset is None:
         raise RuntimeError("GRPO needs the run's dataset; the runner builds it from [data]")
     return ctx.dataset

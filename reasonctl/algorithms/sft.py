@@ -1,8 +1,9 @@
 """Supervised fine-tuning: next-token loss on the assistant turns of chat samples.
 
-Each step draws one global batch from a seeded, resumable stream (see
-:mod:`reasonctl.algorithms.sampling`), encodes this rank's share with the model's chat
-template, splits it into micro-batches and asks the backend for one optimizer step. The
+Each step draws one global batch from a seeded, resumable order (see
+:mod:`reasonctl.algorithms.sampling`), or this rank's share from its stream of a streamed
+dataset (:mod:`reasonctl.algorithms.sample_order`), encodes this rank's share with the
+model's chat template, splits it into micro-batches and asks the backend for one optimizer step. The
 loss is normalised by the number of target tokens in the whole global batch (all
 micro-batches, all ranks), so the gradient does not depend on how the batch is split.
 """
@@ -14,7 +15,8 @@ from typing import Any
 
 import torch
 
-from reasonctl.algorithms.sampling import BatchLayout, EpochSampler
+from reasonctl.algorithms.sample_order import SampleOrder, sample_order, steps_per_epochs
+from reasonctl.algorithms.sampling import BatchLayout
 from reasonctl.algorithms.sft_batches import StepBatches, sequence_ids
 from reasonctl.algorithms.sft_config import SFTConfig
 from reasonctl.core.errors import ConfigError
@@ -24,7 +26,9 @@ from reasonctl.core.protocols import (
     Processor,
     ReportsEfficiency,
     RunContext,
+    StreamsSamples,
     TokenOutputs,
+    streams_samples,
 )
 from reasonctl.core.types import Metrics
 
@@ -41,7 +45,8 @@ class SFTAlgorithm:
     def __init__(self, config: SFTConfig | None = None) -> None:
         self.loss_reduction = (config or SFTConfig()).loss_reduction
         self.processor: Processor | None = None
-        self.dataset: Dataset | None = None
+        self.dataset: Dataset | StreamsSamples | None = None
+        self.order: SampleOrder | None = None
         self.layout: BatchLayout | None = None
         self.batches: StepBatches | None = None
         self.position: dict[str, Any] | None = None
@@ -59,14 +64,16 @@ class SFTAlgorithm:
             raise RuntimeError("SFT needs the run's processor and dataset; the runner builds them")
         self.processor = ctx.processor
         self.dataset = ctx.dataset
-        size = len(self.dataset)
-        if size == 0:
+        if not streams_samples(self.dataset) and len(self.dataset) == 0:  # type: ignore[arg-type]
             raise ConfigError([f"data.format = {config.data.format!r}: the dataset is empty"])
+        self.order = order = sample_order(self.dataset, seed=config.run.seed,
+                                          shuffle=config.data.shuffle, rank=backend.rank,
+                                          world_size=backend.world_size)
+        size = order.samples_per_epoch
         self.layout = BatchLayout.from_train(config.train, backend.world_size)
-        sampler = EpochSampler(size, seed=config.run.seed, shuffle=config.data.shuffle)
-        self.position = sampler.state_dict()
+        self.position = order.state_dict()
         self.batches = StepBatches(
-            self.dataset, self.processor, sampler, self.layout, backend.rank,
+            order, self.processor, self.layout,
             pack=config.data.packing, skip_bad_rows=config.data.on_bad_row == "skip",
             pin_memory=backend.device.type == "cuda",
         )
@@ -74,7 +81,8 @@ class SFTAlgorithm:
         if config.train.max_steps is not None:
             total = config.train.max_steps
         else:
-            total = config.train.epochs * size // global_batch
+            total = steps_per_epochs(order, config.train.epochs, global_batch,
+                                     format_name=config.data.format)
         if total == 0:
             raise ConfigError([
                 f"train.global_batch_size: {global_batch} is more than the {size} samples x "
@@ -90,7 +98,8 @@ class SFTAlgorithm:
             )
         layout = self.layout
         ctx.info(
-            f"sft: {size} samples, {total} steps, global batch {global_batch} = "
+            f"sft: {size if size is not None else 'streamed'} samples, {total} steps, "
+            f"global batch {global_batch} = "
             f"{layout.world_size} rank(s) x micro-batch {layout.micro_batch_size} x "
             f"{layout.grad_accum} accumulation step(s)"
         )
@@ -163,11 +172,14 @@ class SFTAlgorithm:
     # --- state ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Data position after the last trained step and running counts (JSON-serialisable)."""
-        if self.position is None:
+        """Data position after the last trained step and running counts (JSON-serialisable).
+
+        With a streamed dataset the position holds every data-parallel rank's, gathered
+        from all processes (every process calls this when a checkpoint is saved)."""
+        if self.position is None or self.order is None:
             raise RuntimeError("SFTAlgorithm.setup(ctx) must run before state_dict")
         return {
-            "sampler": dict(self.position),
+            "sampler": self.order.checkpoint_state(self.position),
             "skipped_samples": self.skipped_samples,
             "truncated_samples": self.truncated_samples,
         }
@@ -177,7 +189,7 @@ class SFTAlgorithm:
         batches = self._require_batches()
         if "sampler" in state:
             batches.restart_at(state["sampler"])
-            self.position = dict(state["sampler"])
+            self.position = batches.order.state_dict()
         self.skipped_samples = int(state.get("skipped_samples", 0))
         self.truncated_samples = int(state.get("truncated_samples", 0))
 

@@ -2,12 +2,13 @@
 
 Encoding (chat template, tokenization, vision preprocessing) and collation of step ``k + 1``
 run while the device trains step ``k``, so the training thread only waits for a batch that
-is already there. :class:`StepBatches` draws from its own copy of the data order
-(:class:`~reasonctl.algorithms.sampling.EpochSampler`) and hands each prepared step over
-together with the sampler position *after* it, so the position a checkpoint records is that
-of the steps actually trained, never of batches still waiting in the queue. Encoded samples
-are kept in a bounded cache, so later epochs skip the tokenizer; on CUDA the tensors are
-pinned so their copy to the device does not block.
+is already there. :class:`StepBatches` draws from the data order
+(:mod:`reasonctl.algorithms.sample_order`: an indexed dataset's seeded order, or this
+rank's stream of a streamed one) and hands each prepared step over together with the
+order's position *after* it, so the position a checkpoint records is that of the steps
+actually trained, never of batches still waiting in the queue. Encoded samples of indexed
+datasets are kept in a bounded cache, so later epochs skip the tokenizer; on CUDA the
+tensors are pinned so their copy to the device does not block.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from typing import Any
 
 import torch
 
-from reasonctl.algorithms.sampling import BatchLayout, EpochSampler
+from reasonctl.algorithms.sample_order import Drawn, SampleOrder
+from reasonctl.algorithms.sampling import BatchLayout
 from reasonctl.core.errors import DataError
-from reasonctl.core.protocols import Dataset, Processor
+from reasonctl.core.protocols import Processor
 from reasonctl.data.collate import collate
 from reasonctl.data.processing import EncodedSample
 
@@ -38,8 +40,9 @@ class PreparedStep:
     """One rank's micro-batches of one step, their counts and where the data order stands.
 
     ``counts`` are this rank's ``loss_tokens``, ``target_samples``, ``input_tokens``,
-    ``samples``, ``truncated`` and ``skipped`` (bad rows replaced by a no-target stand-in);
-    ``sampler_state`` is the data order's position after this step.
+    ``samples``, ``truncated`` and ``skipped`` (bad rows replaced by a no-target stand-in,
+    or skipped by a stream); ``sampler_state`` is the data order's position after this
+    step.
     """
 
     micro_batches: list[dict[str, torch.Tensor]]
@@ -87,21 +90,19 @@ class StepBatches:
     require, without changing the loss.
     """
 
-    def __init__(self, dataset: Dataset, processor: Processor, sampler: EpochSampler,
-                 layout: BatchLayout, rank: int, *, pack: bool, skip_bad_rows: bool,
-                 pin_memory: bool = False, prefetch: int = PREFETCH_STEPS,
+    def __init__(self, order: SampleOrder, processor: Processor, layout: BatchLayout, *,
+                 pack: bool, skip_bad_rows: bool, pin_memory: bool = False,
+                 prefetch: int = PREFETCH_STEPS,
                  encode: Callable[[Any], EncodedSample] | None = None) -> None:
-        self.dataset = dataset
+        self.order = order
         self.processor = processor
         self.layout = layout
-        self.rank = rank
         self.pack = pack
         self.skip_bad_rows = skip_bad_rows
         self.pin_memory = pin_memory
         self.prefetch = prefetch
         self.encode = encode or processor.encode_sft
         self.cache = EncodedCache()
-        self._sampler = sampler
         self._queue: queue.Queue[PreparedStep | _Failure] | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -120,13 +121,15 @@ class StepBatches:
         return item
 
     def restart_at(self, sampler_state: dict[str, Any]) -> None:
-        """Drop what was prepared and continue the data order from ``sampler_state``."""
+        """Drop what was prepared and continue the data order from ``sampler_state`` (as
+        :meth:`~reasonctl.algorithms.sample_order.IndexedOrder.checkpoint_state` wrote it)."""
         self.close()
-        self._sampler.load_state_dict(sampler_state)
+        self.order.load_state_dict(sampler_state)
 
     def close(self) -> None:
-        """Stop the worker thread (prepared batches are dropped)."""
+        """Stop the worker thread (prepared batches are dropped) and the order's reading."""
         if self._thread is None:
+            self.order.close()
             return
         self._stop.set()
         assert self._queue is not None
@@ -138,6 +141,7 @@ class StepBatches:
             self._thread.join(timeout=0.05)
         self._thread = None
         self._queue = None
+        self.order.close()
 
     # --- the worker side ------------------------------------------------------------------
 
@@ -165,9 +169,10 @@ class StepBatches:
                 out.put(_Failure(exc))
 
     def _prepare(self) -> PreparedStep:
-        sampler, layout = self._sampler, self.layout
-        indices = layout.rank_slice(sampler.take(layout.global_batch_size), self.rank)
-        encoded, skipped = self._encode_all(indices)
+        order, layout = self.order, self.layout
+        drawn = order.draw(layout.global_batch_size)
+        encoded, skipped = self._encode_all(drawn.items)
+        skipped += drawn.skipped
         micro_batches = [collate(chunk, self.processor.pad_id, pack=self.pack)
                          for chunk in layout.micro_chunks(encoded)]
         if self.pin_memory:
@@ -180,26 +185,26 @@ class StepBatches:
             "truncated": float(sum(e.truncated for e in encoded)),
             "skipped": float(skipped),
         }
-        return PreparedStep(micro_batches, counts, sampler.state_dict(),
-                            sampler.epoch + sampler.index / sampler.size)
+        return PreparedStep(micro_batches, counts, order.state_dict(), order.epoch)
 
-    def _encode_all(self, indices: list[int]) -> tuple[list[EncodedSample], int]:
+    def _encode_all(self, items: list[Drawn]) -> tuple[list[EncodedSample], int]:
         encoded: list[EncodedSample | None] = []
         skipped = 0
-        for index in indices:
-            cached = self.cache.get(index)
+        for drawn in items:
+            cached = self.cache.get(drawn.key) if drawn.key is not None else None
             if cached is not None:
                 encoded.append(cached)
                 continue
             try:
-                item = self.encode(self.dataset[index])
+                item = self.encode(drawn.load())
             except DataError:
                 if not self.skip_bad_rows:
                     raise
                 skipped += 1
                 encoded.append(None)
                 continue
-            self.cache.put(index, item)
+            if drawn.key is not None:
+                self.cache.put(drawn.key, item)
             encoded.append(item)
         good = [e for e in encoded if e is not None]
         filler = good[0] if good else EncodedSample([self.processor.pad_id] * 2, [0, 0])

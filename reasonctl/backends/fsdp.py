@@ -10,12 +10,20 @@ classes in the model's ``_no_split_modules``) and then the root
 broadcast the weights from rank 0 into them.
 
 The device mesh is ``dp_shard`` (FSDP) or ``dp_replicate x dp_shard`` (HSDP: replicas of a
-sharded group, e.g. one replica per node), with a trailing ``tp`` dimension when
-``backend.fsdp.tp > 1``: the query/key/value, gate and up projections of every decoder
-block are split by output features and the output and down projections by input
-features over the ``tp`` ranks (DTensor tensor parallelism, applied before FSDP), so each
-rank holds ``heads / tp`` attention heads. Embeddings, norms and the output head stay
-whole on each tensor-parallel rank. Mixed precision keeps float32 shards and computes in
+sharded group, e.g. one replica per node), then a ``cp`` dimension when
+``backend.fsdp.cp > 1`` and a trailing ``tp`` dimension when ``backend.fsdp.tp > 1``.
+
+With ``cp`` every sequence is split over the ``cp`` ranks
+(:mod:`reasonctl.backends.context_parallel`: load-balanced chunks, keys and values
+gathered in each attention layer, log-probs gathered for the loss); FSDP shards over
+``dp_shard x cp`` flattened (as torchtitan does), so the ``cp`` ranks also share the
+parameters, and the gradient reduction adds their contributions.
+
+With ``tp`` the query/key/value, gate and up projections of every decoder block are split
+by output features and the output and down projections by input features over the ``tp``
+ranks (DTensor tensor parallelism, applied before FSDP), so each rank holds
+``heads / tp`` attention heads. Embeddings, norms and the output head stay whole on each
+tensor-parallel rank. Mixed precision keeps float32 shards and computes in
 ``model.dtype`` with float32 gradient reduction.
 
 A diffusers pipeline directory trains its diffusion transformer the same way (its
@@ -23,8 +31,8 @@ A diffusers pipeline directory trains its diffusion transformer the same way (it
 LoRA adapters with ``[model.lora]`` (:mod:`reasonctl.diffusion.policy`).
 
 Ranks: ``rank`` / ``world_size`` are the **data-parallel** coordinates (algorithms split
-data by them; the ranks of one tensor-parallel group get the same share, and each batch
-is taken from the group's first rank), ``is_main`` is global rank 0.
+data by them; the ranks of one context- or tensor-parallel group get the same share, and
+each batch is taken from the group's first rank), ``is_main`` is global rank 0.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from torch.distributed.tensor import DTensor
 
 from reasonctl.backends.base import TorchBackend
 from reasonctl.backends.compile import compile_blocks
+from reasonctl.backends.context_parallel import enable_context_parallel
 from reasonctl.backends.distributed import init_process_group, resolve_device
 from reasonctl.backends.export import tied_parameter_groups
 from reasonctl.backends.lora import LoraState
@@ -72,17 +81,18 @@ POLICY_PREFIX = "hf_model."
 class FSDPBackend(TorchBackend):
     """Fully sharded data parallel training over the processes of one launch."""
 
-    def __init__(self, *, dp_replicate: int = 1, dp_shard: int = -1, tp: int = 1,
+    def __init__(self, *, dp_replicate: int = 1, dp_shard: int = -1, tp: int = 1, cp: int = 1,
                  reshard_after_forward: bool = True, chunk_tokens: int,
                  export_shard_size: str) -> None:
         super().__init__(chunk_tokens=chunk_tokens, export_shard_size=export_shard_size)
         self.dp_replicate = dp_replicate
         self.dp_shard = dp_shard
         self.tp = tp
+        self.cp = cp
         self.reshard_after_forward = reshard_after_forward
         self.mesh: DeviceMesh | None = None
         self.processes = 1
-        """Processes of the job (data-parallel x tensor-parallel)."""
+        """Processes of the job (data-parallel x context-parallel x tensor-parallel)."""
         self._owns_process_group = False
 
     # --- set-up ---------------------------------------------------------------------------
@@ -103,7 +113,8 @@ class FSDPBackend(TorchBackend):
         self.rank = data_mesh.get_local_rank(0)
         if data_mesh.ndim == 2:  # HSDP: replica-major
             self.rank = self.rank * data_mesh.size(1) + data_mesh.get_local_rank(1)
-        self.grad_scale = float(self.world_size)
+        # FSDP averages gradients over dp x cp; the cp ranks' parts of one sequence add up
+        self.grad_scale = float(self.world_size * self.cp)
 
         # rank 0 resolves first (creates the tiny model, downloads remote weights) so the
         # other ranks find a finished local directory
@@ -142,12 +153,19 @@ class FSDPBackend(TorchBackend):
             if self.is_main:
                 ctx.info(f"fsdp: {blocks} blocks split over tp={self.tp}; data parallel over "
                          f"{self.world_size} group(s) of {self.tp} processes")
+        context_parallel = None
+        if self.cp > 1:
+            context_parallel = enable_context_parallel(hf_model, self.mesh["cp"].get_group())
+            if self.is_main:
+                ctx.info(f"fsdp: sequences split over cp={self.cp} ranks; data parallel over "
+                         f"{self.world_size} group(s)")
         if config.model.gradient_checkpointing:
             enable_gradient_checkpointing(hf_model)
         if config.train.compile:
             compile_blocks(hf_model)
         self.hf_model = hf_model
         self.policy = TokenLogprobModel(hf_model, chunk_tokens=self.chunk_tokens)
+        self.policy.context_parallel = context_parallel
         self._shard(self.policy, compute_dtype(config.model.dtype, self.device))
         if on_meta:
             self.policy.to_empty(device=self.device)
@@ -169,6 +187,11 @@ class FSDPBackend(TorchBackend):
             raise ConfigError([
                 f"backend.fsdp.tp: {self.tp} splits language-model decoder blocks; a diffusion "
                 "transformer is sharded with FSDP only, set tp = 1"
+            ])
+        if self.cp > 1:
+            raise ConfigError([
+                f"backend.fsdp.cp: {self.cp} splits language-model token sequences; a diffusion "
+                "transformer's context parallelism is not supported yet, set cp = 1"
             ])
         model = self.load_diffusion_transformer(ctx, param_dtype=torch.float32, device="cpu",
                                                 on_meta=on_meta)
@@ -192,44 +215,70 @@ class FSDPBackend(TorchBackend):
         self.scheduler = build_scheduler(self.optimizer, config.train, lambda: ctx.total_steps)
 
     def _build_mesh(self) -> DeviceMesh:
-        replicate, tp = self.dp_replicate, self.tp
-        if tp < 1 or self.processes % tp:
+        replicate, tp, cp = self.dp_replicate, self.tp, self.cp
+        for key, value in (("tp", tp), ("cp", cp)):
+            if value < 1 or self.processes % value:
+                raise ConfigError([
+                    f"backend.fsdp.{key}: {value} does not divide the number of processes "
+                    f"({self.processes}); use a divisor, e.g. the GPUs of one node"
+                ])
+        if self.processes % (tp * cp):
             raise ConfigError([
-                f"backend.fsdp.tp: {tp} does not divide the number of processes "
-                f"({self.processes}); use a divisor, e.g. the GPUs of one node"
+                f"backend.fsdp: cp ({cp}) x tp ({tp}) does not divide the number of processes "
+                f"({self.processes})"
             ])
-        data = self.processes // tp
+        data = self.processes // (tp * cp)
         shard = self.dp_shard if self.dp_shard > 0 else data // max(replicate, 1)
         if replicate < 1 or replicate * shard != data:
             raise ConfigError([
-                f"backend.fsdp: dp_replicate ({replicate}) x dp_shard ({self.dp_shard}) x tp "
-                f"({tp}) must equal the number of processes ({self.processes}); set "
-                "dp_shard = -1 to use processes / (dp_replicate x tp)"
+                f"backend.fsdp: dp_replicate ({replicate}) x dp_shard ({self.dp_shard}) x cp "
+                f"({cp}) x tp ({tp}) must equal the number of processes ({self.processes}); "
+                "set dp_shard = -1 to use processes / (dp_replicate x cp x tp)"
             ])
         sizes, names = [shard], ["dp_shard"]
         if replicate > 1:
             sizes, names = [replicate, shard], ["dp_replicate", "dp_shard"]
-        if tp > 1:
-            sizes, names = [*sizes, tp], [*names, "tp"]
-        return init_device_mesh(self.device.type, tuple(sizes), mesh_dim_names=tuple(names))
+        for key, value in (("cp", cp), ("tp", tp)):
+            if value > 1:
+                sizes, names = [*sizes, value], [*names, key]
+        mesh = init_device_mesh(self.device.type, tuple(sizes), mesh_dim_names=tuple(names))
+        if cp > 1:  # FSDP shards over dp_shard x cp (the cp ranks share parameters)
+            mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
+            if tp > 1:  # the group a batch is shared over
+                mesh[("cp", "tp")]._flatten("cp_tp")
+        return mesh
 
     # --- batches ------------------------------------------------------------------------
 
     def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """The batch on this device; with ``tp > 1`` the tensor-parallel group's first
-        rank's batch on every member (they must compute on identical data)."""
-        if self.tp > 1:
+        """The batch on this device; with ``cp > 1`` or ``tp > 1`` the context/tensor-parallel
+        group's first rank's batch on every member (they must compute on identical data)."""
+        shared_over = [name for name, size in (("cp", self.cp), ("tp", self.tp)) if size > 1]
+        if shared_over:
             assert self.mesh is not None
-            group = self.mesh["tp"].get_group()
+            name = "cp_tp" if len(shared_over) == 2 else shared_over[0]
+            group = self.mesh[name].get_group()
             shared = [batch]
             dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0), group=group)
             batch = shared[0]
         return super().to_device(batch)
 
     def _data_mesh(self) -> DeviceMesh:
-        """The mesh FSDP shards (and replicates) over: every dimension but ``tp``."""
+        """The data-parallel mesh (``dp_replicate x dp_shard``): what ranks split data by."""
+        return self._submesh([n for n in ("dp_replicate", "dp_shard") if self._has_dim(n)])
+
+    def _shard_mesh(self) -> DeviceMesh:
+        """The mesh FSDP shards (and replicates) over: ``dp_replicate x dp_shard[_cp]``."""
+        shard = "dp_shard_cp" if self.cp > 1 else "dp_shard"
+        return self._submesh([n for n in ("dp_replicate", shard) if n == shard
+                              or self._has_dim(n)])
+
+    def _has_dim(self, name: str) -> bool:
         assert self.mesh is not None
-        names = [n for n in (self.mesh.mesh_dim_names or ()) if n != "tp"]
+        return name in (self.mesh.mesh_dim_names or ())
+
+    def _submesh(self, names: list[str]) -> DeviceMesh:
+        assert self.mesh is not None
         return self.mesh[tuple(names)] if len(names) > 1 else self.mesh[names[0]]
 
     def _shard(self, policy: torch.nn.Module, dtype: torch.dtype) -> None:
@@ -247,7 +296,7 @@ class FSDPBackend(TorchBackend):
             policy_mp = MixedPrecisionPolicy()
         else:
             policy_mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-        options = {"mesh": self._data_mesh(), "mp_policy": policy_mp}
+        options = {"mesh": self._shard_mesh(), "mp_policy": policy_mp}
         for block in reversed(blocks):
             fully_shard(block, reshard_after_forward=self.reshard_after_forward, **options)
         # The root group holds the embedding and (tied) output head. Backward needs them right

@@ -7,19 +7,27 @@ exist at a time. With gradients, each chunk's logits are recomputed in backward 
 
 Alignment (shared with :mod:`reasonctl.data.processing`): ``logprobs[b, t]`` is
 ``log p(input_ids[b, t + 1] | input_ids[b, : t + 1])``, shape ``[B, T - 1]``.
+
+With context parallelism (:mod:`reasonctl.backends.context_parallel`) the decoder returns
+the hidden states of this rank's chunks of the sequence; their tokens are scored here and
+gathered into the same ``[B, T - 1]`` result on every rank of the group.
 """
 
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from reasonctl.backends.lm_head import linear_token_logprobs
 from reasonctl.models.packed_positions import is_packed_media_batch, packed_rope_positions
+
+if TYPE_CHECKING:
+    from reasonctl.backends.context_parallel import ContextParallel
 
 DEFAULT_CHUNK_TOKENS = 2048
 
@@ -49,6 +57,8 @@ class TokenLogprobModel(nn.Module):
             raise ValueError(f"chunk_tokens must be positive (got {chunk_tokens})")
         self.hf_model = hf_model
         self.chunk_tokens = chunk_tokens
+        self.context_parallel: ContextParallel | None = None
+        """Set by a backend that splits sequences over ranks (see the module docstring)."""
         self._input_names = accepted_inputs(decoder_of(hf_model))
 
     def forward(  # type: ignore[override]
@@ -66,18 +76,32 @@ class TokenLogprobModel(nn.Module):
             inputs["use_cache"] = False
         if is_packed_media_batch(batch):  # per-sample 3D rotary positions
             inputs["position_ids"] = packed_rope_positions(decoder, batch)
-        hidden = decoder(**inputs).last_hidden_state
         head = self.hf_model.get_output_embeddings()
+        parallel = self.context_parallel
+        if parallel is None:
+            hidden = decoder(**inputs).last_hidden_state
+            outputs = chunked_token_logprobs(
+                hidden[:, :-1], batch["input_ids"][:, 1:], head.weight,
+                getattr(head, "bias", None), temperature=temperature,
+                with_entropy=with_entropy, chunk_tokens=self.chunk_tokens,
+            )
+            return outputs.logprobs, outputs.entropy
+        plan = parallel.active = parallel.plan(batch)
+        try:
+            hidden = decoder(**inputs).last_hidden_state
+        finally:
+            parallel.active = None
+        # position t scores token t + 1; the last position (and the padding) scores nothing
+        targets = F.pad(batch["input_ids"][:, 1:], (0, plan.padded - plan.length + 1))
         outputs = chunked_token_logprobs(
-            hidden[:, :-1],
-            batch["input_ids"][:, 1:],
-            head.weight,
-            getattr(head, "bias", None),
-            temperature=temperature,
-            with_entropy=with_entropy,
+            hidden, targets.index_select(1, plan.index), head.weight,
+            getattr(head, "bias", None), temperature=temperature, with_entropy=with_entropy,
             chunk_tokens=self.chunk_tokens,
         )
-        return outputs.logprobs, outputs.entropy
+        width = plan.length - 1
+        entropy = outputs.entropy
+        return (plan.gather(outputs.logprobs)[:, :width],
+                plan.gather(entropy)[:, :width] if entropy is not None else None)
 
 
 def decoder_of(hf_model: nn.Module) -> nn.Module:

@@ -22,6 +22,7 @@ from reasonctl.core.protocols import (
     SupportsReferenceModel,
     ValidatesRunConfig,
     skipped_rows,
+    streams_samples,
 )
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
         Evaluator,
         Processor,
         RolloutEngine,
+        StreamsSamples,
     )
     from reasonctl.core.registry import Registry
     from reasonctl.core.reward_set import RewardSet
@@ -120,12 +122,14 @@ def build_processor(ctx: RunContext) -> Processor:
 
 def build_dataset(ctx: RunContext, *, path: str | None = None,
                   format_name: str | None = None,
-                  media: dict[str, Any] | None = None) -> Dataset:
+                  media: dict[str, Any] | None = None) -> Dataset | StreamsSamples:
     """The configured dataset format, seen through the ``[data]`` options.
 
     ``path`` replaces the format's data location (its ``path``, ``name`` or ``root``
     option), e.g. for an evaluation set; ``format_name`` replaces ``data.format``;
     ``media`` sets options the format has (``fps``, ``max_pixels``), the others ignored.
+    A streamed format (``StreamsSamples``) is seen through a
+    :class:`~reasonctl.data.streams.StreamView`.
     """
     from reasonctl.data.datasets import DatasetView
 
@@ -137,6 +141,10 @@ def build_dataset(ctx: RunContext, *, path: str | None = None,
         fields = type(options).model_fields
         options = options.model_copy(update={k: v for k, v in media.items() if k in fields})
     dataset = build_component(ctx, "dataset", "data", name, options)
+    if streams_samples(dataset):
+        from reasonctl.data.streams import StreamView
+
+        return StreamView.for_run(dataset, ctx.config.data)
     return DatasetView.for_run(dataset, ctx.config.data)
 
 
@@ -206,6 +214,9 @@ def build_eval_samples(ctx: RunContext, data: str | None = None, *,
     if "format" not in config.data.model_fields_set and _is_llava_file(Path(path)):
         fmt = "llava"
     dataset = build_dataset(ctx, path=path, format_name=fmt)
+    if streams_samples(dataset):
+        raise ConfigError([f"eval.data: data.format = {fmt!r} streams its samples; evaluate "
+                           "on a file of a map-style format (e.g. jsonl) instead"])
     if len(dataset) == 0:
         raise ReasonctlError(f"the evaluation data {path} holds no samples")
     limit = max_samples or config.eval.max_samples

@@ -126,15 +126,20 @@ def _has_member(obj: Any, name: str) -> bool:
         return False
 
 
-def contract_problem(obj: Any, protocol: type) -> str:
-    """Why ``obj`` does not satisfy ``protocol`` ("" when it does)."""
+def contract_problem(obj: Any, protocol: type | tuple[type, ...]) -> str:
+    """Why ``obj`` does not satisfy ``protocol`` ("" when it does); given several Protocols,
+    ``obj`` must satisfy one of them (the first is the one named when it satisfies none)."""
+    alternatives = protocol if isinstance(protocol, tuple) else (protocol,)
+    protocol = alternatives[0]
     if obj is None:
         return f"its factory returned None instead of a {protocol.__name__} (a missing return?)"
-    missing = missing_members(obj, protocol)
-    if not missing:
+    if any(not missing_members(obj, p) for p in alternatives):
         return ""
+    missing = missing_members(obj, protocol)
     what = obj.__qualname__ if inspect.isfunction(obj) else type(obj).__qualname__
+    others = "".join(f" or {p.__name__}'s {', '.join(missing_members(obj, p))}"
+                     for p in alternatives[1:])
     return (
-        f"{what} lacks {', '.join(missing)} required by the {protocol.__name__} protocol "
-        f"(see {protocol.__module__}.{protocol.__qualname__})"
+        f"{what} lacks {', '.join(missing)} required by the {protocol.__name__} protocol"
+        f"{others} (see {protocol.__module__}.{protocol.__qualname__})"
     )

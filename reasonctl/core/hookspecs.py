@@ -58,7 +58,8 @@ hookspec = pluggy.HookspecMarker("reasonctl")
 def register_datasets(register: Registrar) -> None:
     """Register dataset formats (``data.format``).
 
-    The factory returns a :class:`~reasonctl.core.protocols.Dataset`; its ``config_model``
+    The factory returns a :class:`~reasonctl.core.protocols.Dataset` (or a streamed
+    :class:`~reasonctl.core.protocols.StreamsSamples`); its ``config_model``
     is validated under ``[data.<name>]``. Take ``ctx`` to read ``ctx.config.data.on_bad_row``
     (the runner applies ``max_samples``, ``system_prompt`` and ``prompt_template`` to every
     format). Example::

@@ -35,7 +35,7 @@ HOOK_NAMES: tuple[str, ...] = tuple(
 )
 """Every hook a plugin may implement."""
 
-COMPONENT_PROTOCOLS: dict[str, type] = protocols.PROTOCOLS
+COMPONENT_PROTOCOLS: dict[str, type | tuple[type, ...]] = protocols.PROTOCOLS
 """Component kind -> the Protocol a built component is checked against."""
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, Protocol, runtime_checkable
 
 from reasonctl.core.config import RunConfig
 from reasonctl.core.lifecycle import LifecycleHooks
@@ -77,7 +77,7 @@ class RunContext:
     backend: Backend | None = None
     model_source: ModelSource | None = None
     processor: Processor | None = None
-    dataset: Dataset | None = None
+    dataset: Dataset | StreamsSamples | None = None
     rewards: RewardScorer | None = None
     engine: RolloutEngine | None = None
     evaluator: Evaluator | None = None
@@ -186,6 +186,29 @@ class Dataset(Protocol):
 
     def __getitem__(self, index: int) -> Sample:
         """Return sample ``index`` (0-based)."""
+        ...
+
+
+@runtime_checkable
+class StreamsSamples(Protocol):
+    """A dataset read as a stream rather than by index (instead of ``__len__`` and
+    ``__getitem__``), e.g. WebDataset shards in object storage.
+
+    :meth:`iterate` gives one data-parallel rank its endless stream of ``(sample,
+    position)`` pairs: the ranks' streams are disjoint and together hold every sample once
+    per epoch, and ``position`` is a JSON-serialisable dict saying where the stream stands
+    after that sample (``position["epoch"]`` counts epochs). Passed back as ``state``, it
+    continues right after that sample, so algorithms record the position of the last
+    sample they trained on in their checkpoints. ``samples_per_epoch`` is the number of
+    samples of one epoch over all ranks when the format knows it (``None`` otherwise: a run
+    then needs ``train.max_steps``). SFT and GRPO consume either kind of dataset.
+    """
+
+    samples_per_epoch: int | None
+
+    def iterate(self, rank: int, world_size: int, state: dict[str, Any] | None
+                ) -> Iterator[tuple[Sample, dict[str, Any]]]:
+        """This rank's samples from the start (``state=None``) or after ``state``."""
         ...
 
 
@@ -647,6 +670,17 @@ class ChecksAccess(Protocol):
 
 
 @runtime_checkable
+class ReadsStreams(Protocol):
+    """Optional for storage: read an object as a byte stream from an offset (default: the
+    object is downloaded whole with :meth:`Storage.get_file` first). Streamed datasets
+    read their shards through it."""
+
+    def open_read(self, uri: str, start: int = 0) -> BinaryIO:
+        """A readable binary stream of the object ``uri`` from byte ``start`` on."""
+        ...
+
+
+@runtime_checkable
 class Logger(Protocol):
     """Receives metrics; only the main rank's loggers are built and called."""
 
@@ -659,8 +693,8 @@ class Logger(Protocol):
         ...
 
 
-PROTOCOLS: dict[str, type] = {
-    "dataset": Dataset,
+PROTOCOLS: dict[str, type | tuple[type, ...]] = {
+    "dataset": (Dataset, StreamsSamples),
     "reward": Reward,
     "algorithm": Algorithm,
     "backend": Backend,
@@ -668,7 +702,8 @@ PROTOCOLS: dict[str, type] = {
     "rollout_engine": RolloutEngine,
     "logger": Logger,
 }
-"""Component kind -> the Protocol every built component of that kind must satisfy."""
+"""Component kind -> the Protocol every built component of that kind must satisfy (or
+the Protocols one of which it must satisfy)."""
 
 
 # --- optional capabilities with their defaults --------------------------------------------------
@@ -694,6 +729,11 @@ def shares_policy_weights(engine: RolloutEngine) -> bool:
     return isinstance(engine, SharesPolicyWeights) and bool(engine.shares_policy_weights)
 
 
+def streams_samples(dataset: Any) -> bool:
+    """Whether ``dataset`` is streamed (:class:`StreamsSamples`) rather than indexed."""
+    return isinstance(dataset, StreamsSamples) and not isinstance(dataset, Dataset)
+
+
 def changed_state_dict(backend: Backend) -> Iterator[tuple[str, torch.Tensor]] | None:
     """The backend's changed tensors, or ``None`` (the default: any may have changed)."""
     if isinstance(backend, ProvidesChangedWeights):
@@ -706,7 +746,7 @@ def updates_changed_weights(engine: RolloutEngine) -> bool:
     return isinstance(engine, UpdatesChangedWeights)
 
 
-def skipped_rows(dataset: Dataset) -> int:
+def skipped_rows(dataset: Dataset | StreamsSamples) -> int:
     """How many malformed rows ``dataset`` skipped (0 by default)."""
     return int(dataset.skipped_rows) if isinstance(dataset, CountsSkippedRows) else 0
 
@@ -745,6 +785,7 @@ __all__ = [
     "Processor",
     "ProvidesChangedWeights",
     "ProvidesGenerationModel",
+    "ReadsStreams",
     "ReportsEfficiency",
     "ReportsMemory",
     "Reward",
@@ -755,6 +796,7 @@ __all__ = [
     "ScoresMedia",
     "SharesPolicyWeights",
     "Storage",
+    "StreamsSamples",
     "StreamsText",
     "SubmitsAsync",
     "SupportsReferenceModel",
@@ -768,4 +810,5 @@ __all__ = [
     "reward_media_type",
     "shares_policy_weights",
     "skipped_rows",
+    "streams_samples",
 ]

@@ -69,7 +69,7 @@ class ComponentSpec:
     owner: PluginInfo
     config_model: type[BaseModel] | None = None
     description: str = ""
-    contract: type | None = None
+    contract: type | tuple[type, ...] | None = None
     takes_ctx: bool = False
     problem: str = ""
 
@@ -167,7 +167,7 @@ class Registry:
     ``contracts`` maps a kind to the Protocol its built components are checked against.
     """
 
-    contracts: Mapping[str, type] = field(default_factory=dict)
+    contracts: Mapping[str, type | tuple[type, ...]] = field(default_factory=dict)
     registrations: dict[str, dict[str, list[ComponentSpec]]] = field(
         default_factory=lambda: {kind: {} for kind in KINDS}
     )

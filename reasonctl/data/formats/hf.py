@@ -31,7 +31,9 @@ from reasonctl.data.formats.media_options import MediaOptions
 
 if TYPE_CHECKING:
     from reasonctl.core.protocols import RunContext
+    from reasonctl.core.types import Sample
     from reasonctl.data.datasets import ListDataset
+    from reasonctl.data.formats.hf_stream import HfStream
 
 RowField = Literal[
     "messages", "conversations", "prompt", "system", "response", "answer", "completion",
@@ -63,6 +65,20 @@ class HfConfig(MediaOptions):
         default_factory=dict, description="Row field -> dataset column."
     )
     revision: str | None = Field(default=None, description="Hub revision to load.")
+    streaming: bool = Field(
+        default=False,
+        description="Stream the rows (datasets' IterableDataset) instead of loading the split: "
+        "split over ranks by datasets.distributed, resumable positions in checkpoints.",
+    )
+    shuffle_buffer: int = Field(
+        default=0, ge=0,
+        description="With streaming and data.shuffle: rows mixed in datasets' shuffle buffer "
+        "(a resumed run skips the rows that were in it; 0 resumes exactly).",
+    )
+    samples_per_epoch: int | None = Field(
+        default=None, gt=0,
+        description="With streaming: rows of one epoch, to turn train.epochs into steps.",
+    )
 
     @field_validator("split")
     @classmethod
@@ -75,10 +91,11 @@ class HfConfig(MediaOptions):
         return split
 
 
-def build_hf_dataset(config: HfConfig | None, *, ctx: RunContext | None = None) -> ListDataset:
-    """Rows of a Hugging Face dataset mapped to samples through ``columns``."""
+def build_hf_dataset(config: HfConfig | None, *, ctx: RunContext | None = None
+                     ) -> ListDataset | HfStream:
+    """Rows of a Hugging Face dataset mapped to samples through ``columns`` (streamed with
+    ``streaming = true``: :mod:`reasonctl.data.formats.hf_stream`)."""
     from reasonctl.core.errors import DataError, require
-    from reasonctl.data.messages import sample_from_record
     from reasonctl.data.rows import Row, RowOptions, build_samples
 
     datasets = require("datasets", extra="datasets", what="the 'hf' dataset format")
@@ -87,6 +104,10 @@ def build_hf_dataset(config: HfConfig | None, *, ctx: RunContext | None = None) 
         raise DataError(
             "data.hf: set 'name' (a Hub dataset or local directory) or 'data_files'"
         )
+    if config.streaming:
+        from reasonctl.data.formats.hf_stream import HfStream
+
+        return HfStream(config, ctx)
     table, label, base_dir, start = _load_split(datasets, config)
     missing = sorted({c for c in config.columns.values() if c not in table.column_names})
     if missing:
@@ -96,21 +117,26 @@ def build_hf_dataset(config: HfConfig | None, *, ctx: RunContext | None = None) 
         )
     table = _undecoded_media(datasets, table, config)
     media = config.resolver(base_dir, "hf")
-    renamed = {column: field for field, column in config.columns.items()}
     options = RowOptions.from_context(ctx)
 
     def rows() -> Any:
         for index in range(len(table)):
             yield Row(f"{label}:{start + index}", table[index])
 
-    def parse(row: Row) -> Any:
-        record = {renamed.get(k, k): v for k, v in row.value.items()}
-        for field in MEDIA_FIELDS:
-            if record.get(field) is not None:
-                record[field] = _media_paths(record[field])
-        return sample_from_record(record, media)
+    return build_samples(rows(), lambda row: row_sample(row.value, config, media), options)
 
-    return build_samples(rows(), parse, options)
+
+def row_sample(row: dict[str, Any], config: HfConfig, media: Any) -> Sample:
+    """The sample of one dataset row: columns renamed through ``columns``, media values
+    turned into files."""
+    from reasonctl.data.messages import sample_from_record
+
+    renamed = {column: field for field, column in config.columns.items()}
+    record = {renamed.get(k, k): v for k, v in row.items()}
+    for field in MEDIA_FIELDS:
+        if record.get(field) is not None:
+            record[field] = _media_paths(record[field])
+    return sample_from_record(record, media)
 
 
 def _load_split(datasets: Any, config: HfConfig) -> tuple[Any, str, Path, int]:

@@ -28,6 +28,13 @@ class FSDPBackendConfig(BaseModel):
         "projections of every block are split over them (DTensor), and FSDP shards over "
         "the data-parallel ranks (world_size / tp).",
     )
+    cp: int = Field(
+        default=1, ge=1,
+        description="Context-parallel ranks per sequence: every sequence is split over them "
+        "(load-balanced chunks, keys/values gathered in attention) for rows too long for "
+        "one device; data parallel over world_size / (cp x tp). Qwen2/2.5/3 and Qwen-VL "
+        "language towers.",
+    )
     reshard_after_forward: bool = Field(
         default=True,
         description="Free gathered parameters after forward (less memory, one more gather).",
@@ -50,6 +57,7 @@ def build_fsdp_backend(config: FSDPBackendConfig | None, **_: Any) -> Any:
         dp_replicate=config.dp_replicate,
         dp_shard=config.dp_shard,
         tp=config.tp,
+        cp=config.cp,
         reshard_after_forward=config.reshard_after_forward,
         chunk_tokens=config.logprob_chunk_tokens,
         export_shard_size=config.export_shard_size,

@@ -10,6 +10,7 @@ not uploaded again, so repeating an interrupted directory upload only sends what
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 from collections.abc import Iterator
@@ -113,6 +114,23 @@ class S3Storage:
         root.mkdir(parents=True, exist_ok=True)
         self._download(bucket, items, uri)
         return root
+
+    def open_read(self, uri: str, start: int = 0) -> Any:
+        """A readable stream of the object ``uri`` from byte ``start`` on (one ranged GET,
+        retried like every request; streamed datasets read their shards through it)."""
+        bucket, key = split_s3_uri(uri)
+
+        def get() -> Any:
+            try:
+                return self.client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-")
+            except ClientError as exc:
+                if error_code(exc)[0] in ("NoSuchKey", "404") or error_code(exc)[1] == 404:
+                    raise StorageError(f"{uri}: no such object", permanent=True) from None
+                if error_code(exc)[0] == "InvalidRange":  # start at the end: nothing left
+                    return {"Body": io.BytesIO(b"")}
+                raise
+
+        return self._call("read", uri, bucket, get)["Body"]
 
     def list(self, uri: str) -> list[str]:
         """URIs of the objects at or under ``uri``, sorted by key."""
