@@ -6,6 +6,13 @@ Hugging Face model, sharded or not), ``self.optimizer`` and ``self.scheduler`` i
 micro-batch loop, clipping, distributed checkpoints with torch DCP and the Hugging Face
 export, is here.
 
+A model directory that is a diffusers pipeline (``model_index.json``) makes the policy the
+pipeline's diffusion transformer itself (:mod:`reasonctl.diffusion.policy`, described by
+``self.diffusion``): algorithms then pass their own ``forward`` to :meth:`train_step` and
+:meth:`run_forward`, ``[model.lora]`` adapts it as it adapts a language model (the same
+:class:`~reasonctl.backends.lora.LoraState`), and the export is a pipeline directory or a
+diffusers LoRA file (:mod:`reasonctl.diffusion.export`).
+
 Checkpoint layout (``<step dir>/state``): a DCP checkpoint of ``{"model", "optimizer",
 "scheduler"}`` where model and optimizer state come from
 ``torch.distributed.checkpoint.state_dict.get_state_dict`` (keyed by parameter name), so a
@@ -21,7 +28,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -41,9 +48,12 @@ from reasonctl.backends.optim import apply_train_settings
 from reasonctl.backends.perf import peak_flops, training_flops
 from reasonctl.backends.reference import ReferenceWeights
 from reasonctl.backends.token_logprobs import TokenLogprobModel, TokenLogprobs
-from reasonctl.core.protocols import LossFn, RunContext
+from reasonctl.core.protocols import ForwardFn, LossFn, RunContext
 from reasonctl.core.types import Metrics
 from reasonctl.models.loading import ModelSource, ParameterCounts, checkpoint_dtype
+
+if TYPE_CHECKING:
+    from reasonctl.diffusion.policy import DiffusionModelInfo
 
 
 class TorchBackend:
@@ -59,8 +69,10 @@ class TorchBackend:
         self.chunk_tokens = chunk_tokens
         self.export_shard_size = export_shard_size
         self.ctx: RunContext | None = None
-        self.policy: TokenLogprobModel | None = None
+        self.policy: TokenLogprobModel | torch.nn.Module | None = None
         self.hf_model: Any = None
+        self.diffusion: DiffusionModelInfo | None = None
+        """Set when the model is a diffusers pipeline's transformer (see the module doc)."""
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.source: ModelSource | None = None
@@ -91,6 +103,26 @@ class TorchBackend:
         """Create ``policy``, ``hf_model``, ``optimizer``, ``scheduler`` and ``source``."""
         raise NotImplementedError
 
+    def load_diffusion_transformer(self, ctx: RunContext, *, param_dtype: torch.dtype,
+                                   device: torch.device | str, on_meta: bool = False,
+                                   trainable_dtype: torch.dtype | None = None
+                                   ) -> torch.nn.Module:
+        """Load the pipeline's transformer in ``param_dtype`` and make it trainable: LoRA
+        adapters (in ``trainable_dtype``, default ``param_dtype``) with ``[model.lora]``
+        (sets ``lora``), else the ``model.freeze``/``model.trainable`` patterns; sets
+        ``diffusion`` and the parameter counts."""
+        from reasonctl.diffusion.policy import load_transformer, model_info, prepare_trainable
+
+        assert self.source is not None
+        config = ctx.config
+        self.diffusion = model_info(self.source.model_dir)
+        model = load_transformer(self.source.model_dir, dtype=param_dtype, device=device,
+                                 on_meta=on_meta)
+        self.parameter_counts, self.lora = prepare_trainable(
+            model, config.model, seed=config.run.seed,
+            trainable_dtype=trainable_dtype or param_dtype)
+        return model
+
     # --- forward and step -----------------------------------------------------------------
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -107,10 +139,28 @@ class TorchBackend:
     def token_outputs(self, batch: dict[str, Any], *, with_entropy: bool = False,
                       temperature: float = 1.0) -> TokenLogprobs:
         """Per-token log-probs (and entropy) of ``batch`` in eval mode without gradients."""
+        self._require_language_model("token_outputs")
         policy = self._policy()
         policy.eval()
         with torch.no_grad(), self.autocast():
             return TokenLogprobs(*policy(self.to_device(batch), with_entropy, temperature))
+
+    def run_forward(self, fn: ForwardFn, batch: Any, *, reference: bool = False) -> Any:
+        """``fn(model, batch)`` in eval mode without gradients under :meth:`autocast`
+        (``reference=True``: under the weights of :meth:`build_reference_model`).
+
+        Under FSDP every rank must call it the same number of times (the sharded blocks
+        gather their weights collectively).
+        """
+        policy = self._policy()
+        policy.eval()
+        if isinstance(batch, dict):
+            batch = self.to_device(batch)
+        if reference and self.reference_weights is None:
+            raise RuntimeError("no reference model: call build_reference_model() first")
+        swap = self.reference_weights.active() if reference else contextlib.nullcontext()
+        with swap, torch.no_grad(), self.autocast():  # type: ignore[union-attr]
+            return fn(policy, batch)
 
     # --- reference policy (KL penalties) ---------------------------------------------------
 
@@ -119,8 +169,9 @@ class TorchBackend:
 
         Algorithms call it in ``setup``, before a resumed run loads its checkpoint, so the
         reference is the starting model. The copy has the policy's layout (sharded under
-        FSDP) and costs one more set of parameters, no optimizer state. With LoRA the
-        reference is the base model, i.e. the policy with its adapters off: no copy.
+        FSDP) and costs one more set of parameters, no optimizer state. With LoRA (language
+        model or diffusion transformer) the reference is the base model, i.e. the policy with
+        its adapters off: no copy.
         """
         if self.lora is not None:
             self.reference_weights = AdaptersOff(self.lora)
@@ -138,15 +189,19 @@ class TorchBackend:
             return self.token_outputs(batch, with_entropy=with_entropy, temperature=temperature)
 
     def train_step(self, micro_batches: Sequence[dict[str, Any]], loss_fn: LossFn, *,
-                   with_entropy: bool = False, temperature: float = 1.0) -> Metrics:
+                   with_entropy: bool = False, temperature: float = 1.0,
+                   forward: ForwardFn | None = None) -> Metrics:
         """Forward/backward each micro-batch, clip, then one optimizer and schedule step.
 
         Metrics: ``loss`` (the sum of ``loss_fn``'s losses over micro-batches and ranks, i.e.
         the objective of this step when the losses are normalised globally), ``grad_norm``
         (before clipping), ``lr`` (used by this step), and ``loss_fn``'s own metrics averaged
         over micro-batches and ranks. A step whose gradient norm is not finite leaves the
-        weights unchanged and reports ``skipped_update = 1``.
+        weights unchanged and reports ``skipped_update = 1``. With ``forward`` the loss
+        function receives ``forward(model, micro_batch)`` instead of token log-probs.
         """
+        if forward is None:
+            self._require_language_model("train_step without a forward function")
         if not micro_batches:
             raise ValueError("train_step needs at least one micro-batch")
         policy, optimizer, scheduler = self._policy(), self._optimizer(), self._scheduler()
@@ -157,7 +212,10 @@ class TorchBackend:
         for micro_batch in micro_batches:
             batch = self.to_device(micro_batch)
             with self.autocast():
-                outputs = TokenLogprobs(*policy(batch, with_entropy, temperature))
+                if forward is None:
+                    outputs = TokenLogprobs(*policy(batch, with_entropy, temperature))
+                else:
+                    outputs = forward(policy, batch)
             loss, metrics = loss_fn(outputs, batch)
             (loss * self.grad_scale).backward()
             loss_total += loss.detach().to(torch.float64)
@@ -299,8 +357,13 @@ class TorchBackend:
         """Write a Hugging Face model directory on the main rank (all ranks call it).
 
         With LoRA: the merged model, or with ``model.lora.export = "adapter"`` a peft
-        adapter directory.
+        adapter directory. A diffusion transformer is written as a pipeline directory (LoRA
+        merged), or with ``export = "adapter"`` as a diffusers LoRA file
+        (:mod:`reasonctl.diffusion.export`).
         """
+        if self.diffusion is not None:
+            self._export_diffusion(Path(directory))
+            return
         state = self.gather_full_state_dict()
         try:
             if self.is_main:
@@ -325,15 +388,44 @@ class TorchBackend:
         finally:  # the other ranks wait here even when the main rank's write fails
             self.barrier()
 
+    def _export_diffusion(self, directory: Path) -> None:
+        from reasonctl.diffusion.export import save_lora_export, save_pipeline_export
+
+        info = self.diffusion
+        assert info is not None
+        adapter = self.lora is not None and self.lora.section.export == "adapter"
+        state = self.gather_full_state_dict(trainable_only=adapter)
+        try:
+            if self.is_main:
+                check_finite(state)
+                dtype = self.export_dtype(self._ctx().config.checkpoint.export_dtype)
+                if adapter:
+                    assert self.lora is not None
+                    save_lora_export(directory, state, model=self.hf_model, info=info,
+                                     dtype=dtype, lora=self.lora.section.model_dump())
+                else:
+                    if self.lora is not None:
+                        state = dict(self.lora.merged(state.items()))
+                    save_pipeline_export(directory, state, info=info, dtype=dtype,
+                                         max_shard_size=self.export_shard_size)
+        finally:  # the other ranks wait here even when the main rank's write fails
+            self.barrier()
+
     def export_dtype(self, name: str) -> torch.dtype:
         """``auto`` keeps the dtype the source checkpoint declares; else the named dtype."""
         if name == "auto":
+            if self.diffusion is not None:
+                from reasonctl.diffusion.export import source_weights_dtype
+
+                return source_weights_dtype(self.diffusion.model_dir)
             return checkpoint_dtype(self.hf_model.config)
         return getattr(torch, name)
 
-    def gather_full_state_dict(self) -> dict[str, torch.Tensor]:
+    def gather_full_state_dict(self, *, trainable_only: bool = False
+                               ) -> dict[str, torch.Tensor]:
         """Full CPU tensors of the model's own state on the main rank (empty on others);
-        with LoRA the names are the adapted model's (see :mod:`reasonctl.backends.lora`)."""
+        with LoRA the names are the adapted model's (see :mod:`reasonctl.backends.lora`).
+        ``trainable_only`` keeps the parameters that train (e.g. the adapters)."""
         raise NotImplementedError
 
     def full_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -392,12 +484,19 @@ class TorchBackend:
     def _reshard(self) -> None:
         """Hook for sharded backends to put parameters back in sharded form."""
 
+    def _require_language_model(self, what: str) -> None:
+        if self.diffusion is not None:
+            raise TypeError(
+                f"{what}: the model is the diffusion transformer of {self.diffusion.model_dir}; "
+                "pass a forward function (train_step(..., forward=...), run_forward)"
+            )
+
     def _ctx(self) -> RunContext:
         if self.ctx is None:
             raise RuntimeError("the backend is not set up; call setup(ctx) first")
         return self.ctx
 
-    def _policy(self) -> TokenLogprobModel:
+    def _policy(self) -> Any:
         if self.policy is None:
             raise RuntimeError("the backend is not set up; call setup(ctx) first")
         return self.policy

@@ -25,8 +25,12 @@ def transformer_blocks(hf_model: nn.Module) -> list[nn.Module]:
     return [m for m in hf_model.modules() if type(m).__name__ in names]
 
 
-def compile_blocks(hf_model: nn.Module) -> int:
-    """Compile the training forward of every transformer block; return how many."""
+def compile_blocks(hf_model: nn.Module, *, without_grad: bool = False) -> int:
+    """Compile the training forward of every transformer block; return how many.
+
+    ``without_grad`` compiles the passes without gradients too: for models whose inference
+    shapes do not change from call to call (a diffusion transformer's denoising steps).
+    """
     blocks = transformer_blocks(hf_model)
     if not blocks:
         raise ValueError(
@@ -38,16 +42,18 @@ def compile_blocks(hf_model: nn.Module) -> int:
         cls = type(block)
         if cls not in compiled:
             compiled[cls] = torch.compile(cls.forward)
-        block.forward = _dispatch(block, compiled[cls])  # type: ignore[method-assign]
+        block.forward = _dispatch(block, compiled[cls], without_grad)  # type: ignore[method-assign]
     return len(blocks)
 
 
-def _dispatch(block: nn.Module, compiled: Callable[..., Any]) -> Callable[..., Any]:
-    """``block``'s forward: the compiled function with gradients, the eager one without."""
+def _dispatch(block: nn.Module, compiled: Callable[..., Any],
+              without_grad: bool = False) -> Callable[..., Any]:
+    """``block``'s forward: the compiled function with gradients (and without, when asked),
+    the eager one otherwise."""
     eager = block.forward
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        if torch.is_grad_enabled():
+        if without_grad or torch.is_grad_enabled():
             return compiled(block, *args, **kwargs)
         return eager(*args, **kwargs)
 

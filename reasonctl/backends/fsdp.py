@@ -26,6 +26,10 @@ ranks (DTensor tensor parallelism, applied before FSDP), so each rank holds
 tensor-parallel rank. Mixed precision keeps float32 shards and computes in
 ``model.dtype`` with float32 gradient reduction.
 
+A diffusers pipeline directory trains its diffusion transformer the same way (its
+``_no_split_modules`` blocks sharded, the transformer itself the root; no ``tp``), with
+LoRA adapters with ``[model.lora]`` (:mod:`reasonctl.diffusion.policy`).
+
 Ranks: ``rank`` / ``world_size`` are the **data-parallel** coordinates (algorithms split
 data by them; the ranks of one context- or tensor-parallel group get the same share, and
 each batch is taken from the group's first rank), ``is_main`` is global rank 0.
@@ -60,6 +64,7 @@ from reasonctl.backends.tensor_parallel import parallelize_blocks
 from reasonctl.backends.token_logprobs import TokenLogprobModel
 from reasonctl.core.errors import ConfigError, ReasonctlError
 from reasonctl.core.protocols import RunContext
+from reasonctl.diffusion.pipeline_dir import is_pipeline_dir
 from reasonctl.models.loading import (
     apply_trainable_patterns,
     compute_dtype,
@@ -118,6 +123,9 @@ class FSDPBackend(TorchBackend):
         dist.barrier()
         self.source = ensure_model_source(ctx)
         on_meta = self.rank != 0
+        if is_pipeline_dir(self.source.model_dir):
+            self._build_diffusion(ctx, on_meta)
+            return
         hf_model = load_pretrained(self.source.model_dir, config.model,
                                    param_dtype=torch.float32, device="cpu", on_meta=on_meta)
         self.tied_groups = tied_parameter_groups(hf_model)
@@ -169,6 +177,40 @@ class FSDPBackend(TorchBackend):
         for buffer in self.policy.buffers():  # e.g. rotary frequencies (not in state dicts)
             dist.broadcast(buffer, src=0)
         self.optimizer = build_optimizer(self.policy.named_parameters(), config.train,
+                                         device=self.device)
+        self.scheduler = build_scheduler(self.optimizer, config.train, lambda: ctx.total_steps)
+
+    def _build_diffusion(self, ctx: RunContext, on_meta: bool) -> None:
+        """Shard a pipeline's diffusion transformer (the root) block by block."""
+        config = ctx.config
+        if self.tp > 1:
+            raise ConfigError([
+                f"backend.fsdp.tp: {self.tp} splits language-model decoder blocks; a diffusion "
+                "transformer is sharded with FSDP only, set tp = 1"
+            ])
+        if self.cp > 1:
+            raise ConfigError([
+                f"backend.fsdp.cp: {self.cp} splits language-model token sequences; a diffusion "
+                "transformer's context parallelism is not supported yet, set cp = 1"
+            ])
+        model = self.load_diffusion_transformer(ctx, param_dtype=torch.float32, device="cpu",
+                                                on_meta=on_meta)
+        full_state = {} if on_meta else dict(model.state_dict())
+        if config.train.compile:  # denoising steps have fixed shapes: sampling compiles too
+            compile_blocks(model, without_grad=True)
+        self.hf_model = self.policy = model
+        self._shard(model, compute_dtype(config.model.dtype, self.device))
+        if on_meta:
+            model.to_empty(device=self.device)
+        set_model_state_dict(
+            model, full_state,
+            options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                     strict=True),
+        )
+        del full_state
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)
+        self.optimizer = build_optimizer(model.named_parameters(), config.train,
                                          device=self.device)
         self.scheduler = build_scheduler(self.optimizer, config.train, lambda: ctx.total_steps)
 
@@ -239,9 +281,9 @@ class FSDPBackend(TorchBackend):
         assert self.mesh is not None
         return self.mesh[tuple(names)] if len(names) > 1 else self.mesh[names[0]]
 
-    def _shard(self, policy: TokenLogprobModel, dtype: torch.dtype) -> None:
+    def _shard(self, policy: torch.nn.Module, dtype: torch.dtype) -> None:
         """``fully_shard`` every transformer block (innermost first), then the root."""
-        hf_model = policy.hf_model
+        hf_model = self.hf_model
         block_names = set(getattr(hf_model, "_no_split_modules", None) or [])
         blocks = [m for m in hf_model.modules() if type(m).__name__ in block_names]
         if not blocks:
@@ -261,15 +303,23 @@ class FSDPBackend(TorchBackend):
         # after forward, and the log-prob op recomputes the head's logits chunk by chunk in
         # backward, so resharding the root after forward only frees memory that is gathered
         # again at once -- and leaves that recomputation reading a freed weight.
+        if self.diffusion is not None and dtype != torch.float32:
+            # a diffusion transformer's inputs are cast by its adapter, and its timestep
+            # (sigma or sigma x 1000) must reach the sinusoidal embedding in float32
+            options["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
         fully_shard(policy, reshard_after_forward=False, **options)
 
     # --- weights out ----------------------------------------------------------------------
 
-    def gather_full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Gather full CPU tensors to rank 0 (collective; other ranks get ``{}``)."""
+    def gather_full_state_dict(self, *, trainable_only: bool = False
+                               ) -> dict[str, torch.Tensor]:
+        """Gather full CPU tensors to rank 0 (collective; other ranks get ``{}``);
+        ``trainable_only`` keeps the parameters that train."""
         self._reshard()
         state = get_model_state_dict(
-            self._policy(), options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            self._policy(), options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                     ignore_frozen_params=trainable_only)
         )
         return {k.removeprefix(POLICY_PREFIX): v for k, v in state.items()}
 

@@ -55,16 +55,17 @@ class LoraState:
 
     @classmethod
     def attach(cls, hf_model: torch.nn.Module, section: LoraSection, *, seed: int,
-               trainable_dtype: torch.dtype) -> LoraState:
+               trainable_dtype: torch.dtype, targets: list[str] | None = None) -> LoraState:
         """Add adapters to ``hf_model`` (on the CPU or the meta device).
 
         The adapters are initialised from ``seed`` on a forked generator, so every backend
         and device starts from the same adapters and the run's random stream is untouched.
-        Trainable parameters are cast to ``trainable_dtype``.
+        Trainable parameters are cast to ``trainable_dtype``. ``targets``: see
+        :func:`~reasonctl.models.lora.apply_lora`.
         """
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            peft_model = apply_lora(hf_model, section)
+            peft_model = apply_lora(hf_model, section, targets=targets)
         for param in hf_model.parameters():
             if param.requires_grad and param.dtype != trainable_dtype:
                 param.data = param.data.to(trainable_dtype)

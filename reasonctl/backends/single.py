@@ -18,6 +18,7 @@ from reasonctl.backends.optim import build_optimizer, build_scheduler
 from reasonctl.backends.token_logprobs import TokenLogprobModel
 from reasonctl.core.errors import ReasonctlError
 from reasonctl.core.protocols import RunContext
+from reasonctl.diffusion.pipeline_dir import is_pipeline_dir
 from reasonctl.models.loading import (
     apply_trainable_patterns,
     compute_dtype,
@@ -37,6 +38,8 @@ class SingleDeviceBackend(TorchBackend):
     small updates can round away in bfloat16). With ``[model.lora]`` the frozen base
     weights are kept in ``model.dtype`` and the adapters in the parameter dtype; the
     rollout engine then keeps its own merged copy (``generation_model`` is ``None``).
+    A diffusers pipeline directory trains its transformer (see
+    :mod:`reasonctl.backends.base`).
     """
 
     def __init__(self, *, param_dtype: Literal["float32", "compute"] = "float32",
@@ -61,6 +64,9 @@ class SingleDeviceBackend(TorchBackend):
         self.compute_dtype = compute_dtype(config.model.dtype, self.device)
         param_dtype = torch.float32 if self.param_dtype_mode == "float32" else self.compute_dtype
         self.source = ensure_model_source(ctx)
+        if is_pipeline_dir(self.source.model_dir):
+            self._build_diffusion(ctx, param_dtype)
+            return
         lora = config.model.lora
         if lora is None:
             hf_model = load_pretrained(self.source.model_dir, config.model,
@@ -90,14 +96,37 @@ class SingleDeviceBackend(TorchBackend):
                                          device=self.device)
         self.scheduler = build_scheduler(self.optimizer, config.train, lambda: ctx.total_steps)
 
+    def _build_diffusion(self, ctx: RunContext, param_dtype: torch.dtype) -> None:
+        config = ctx.config
+        if config.model.lora is None:
+            model = self.load_diffusion_transformer(ctx, param_dtype=param_dtype,
+                                                    device=self.device)
+        else:  # as for a language model: the frozen base in the compute dtype, adapters
+            # created on the CPU in the parameter dtype, then moved
+            model = self.load_diffusion_transformer(
+                ctx, param_dtype=self.compute_dtype, device="cpu", trainable_dtype=param_dtype)
+            model.to(self.device)
+        if config.train.compile:  # denoising steps have fixed shapes: sampling compiles too
+            compile_blocks(model, without_grad=True)
+        self.hf_model = self.generation_model = self.policy = model
+        self._autocast = any(p.dtype != self.compute_dtype for p in model.parameters())
+        self.optimizer = build_optimizer(model.named_parameters(), config.train,
+                                         device=self.device)
+        self.scheduler = build_scheduler(self.optimizer, config.train, lambda: ctx.total_steps)
+
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Autocast to the compute dtype when parameters are kept in a wider dtype."""
         if not self._autocast:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
-    def gather_full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's state dict as CPU tensors (Hugging Face names)."""
+    def gather_full_state_dict(self, *, trainable_only: bool = False
+                               ) -> dict[str, torch.Tensor]:
+        """The model's state dict as CPU tensors (Hugging Face names); ``trainable_only``
+        keeps the parameters that train."""
+        if trainable_only:
+            return {k: v.detach().cpu() for k, v in self.hf_model.named_parameters()
+                    if v.requires_grad}
         return {k: v.detach().cpu() for k, v in self.hf_model.state_dict().items()}
 
     def _full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -254,7 +254,9 @@ class ScoresMedia(Protocol):
     ``"image"``: ``uint8 [H, W, 3]``; ``"video"``: ``uint8 [T, H, W, 3]``; ``"latent"``:
     ``float32`` of any shape (what a world model generates before decoding). The reward
     service checks every request's arrays against the reward's ``media_type`` before the
-    reward sees them.
+    reward sees them. Diffusion algorithms (``flow_grpo``, ``ddrl``) decode what their
+    rewards ask for; a text reward in such a run is a configuration error, and plain
+    callables without the attribute receive the model's natural media (images or videos).
     """
 
     media_type: MediaType
@@ -350,11 +352,21 @@ class TokenOutputs(Protocol):
     entropy: torch.Tensor | None
 
 
+ForwardFn = Callable[[Any, Any], Any]
+"""A custom forward pass: ``forward(model, micro_batch) -> outputs``.
+
+``model`` is the backend's live (possibly sharded) module, ``micro_batch`` one batch on the
+backend's device; ``outputs`` is whatever the matching loss function reads. Algorithms
+for models that are not causal language models (e.g. a diffusion transformer) pass one to
+:meth:`Backend.train_step` and :meth:`RunsForward.run_forward`.
+"""
+
 LossFn = Callable[[TokenOutputs, Any], "tuple[torch.Tensor, Metrics]"]
 """A loss over one micro-batch: ``loss_fn(outputs, micro_batch) -> (loss, metrics)``.
 
 ``micro_batch`` is the :class:`TrainBatch` (or :class:`PolicyBatch`) passed to
-:meth:`Backend.train_step`, moved to the backend's device. The backend sums the returned
+:meth:`Backend.train_step`, moved to the backend's device. With a custom ``forward``
+(:data:`ForwardFn`) ``outputs`` is what that function returned. The backend sums the returned
 losses over all micro-batches and ranks, so a loss function normalises by the *global*
 count it needs (e.g. all loss tokens in the step), which the algorithm computes before
 calling :meth:`Backend.train_step`. Metric values may be floats or 0-dim tensors: tensors
@@ -392,11 +404,14 @@ class Backend(Protocol):
         ...
 
     def train_step(self, micro_batches: Sequence[TrainBatch | PolicyBatch], loss_fn: LossFn, *,
-                   with_entropy: bool = False, temperature: float = 1.0) -> Metrics:
+                   with_entropy: bool = False, temperature: float = 1.0,
+                   forward: ForwardFn | None = None) -> Metrics:
         """Forward/backward over micro-batches, clip, one optimizer and schedule step.
 
         Returns metrics including ``loss``, ``grad_norm`` and ``lr`` plus the loss
-        function's metrics averaged over micro-batches and ranks.
+        function's metrics averaged over micro-batches and ranks. With ``forward`` the
+        loss receives ``forward(model, micro_batch)`` instead of token log-probs (a backend
+        that cannot run one raises ``TypeError``).
         """
         ...
 
@@ -469,6 +484,20 @@ class ProvidesGenerationModel(Protocol):
 
     def autocast(self) -> Any:
         """The autocast context manager of forward passes."""
+        ...
+
+
+@runtime_checkable
+class RunsForward(Protocol):
+    """Optional for backends: run a custom forward pass without gradients (default: none).
+
+    What algorithms for other model kinds (diffusion transformers) use for sampling and
+    for scoring under the reference weights; a backend without it cannot train them.
+    """
+
+    def run_forward(self, fn: ForwardFn, batch: Any, *, reference: bool = False) -> Any:
+        """``fn(model, batch)`` in eval mode, without gradients, under the forward autocast;
+        ``reference=True`` runs it under the weights kept by ``build_reference_model``."""
         ...
 
 
@@ -752,6 +781,7 @@ __all__ = [
     "Dataset",
     "DeclaresNeeds",
     "Evaluator",
+    "ForwardFn",
     "Logger",
     "LossFn",
     "MediaType",
@@ -766,6 +796,7 @@ __all__ = [
     "RewardScorer",
     "RolloutEngine",
     "RunContext",
+    "RunsForward",
     "ScoresMedia",
     "SharesPolicyWeights",
     "Storage",

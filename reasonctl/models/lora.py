@@ -114,19 +114,24 @@ def resolve_modules_to_save(model: torch.nn.Module, names: list[str]) -> list[st
     return chosen
 
 
-def apply_lora(model: torch.nn.Module, section: LoraSection) -> Any:
+def apply_lora(model: torch.nn.Module, section: LoraSection, *,
+               targets: list[str] | None = None) -> Any:
     """Inject adapters into ``model`` in place; return the ``peft.PeftModel`` around it.
 
-    Only the adapters (and ``modules_to_save``) require gradients afterwards. A tied
-    output head follows a trained input embedding (peft's ``ensure_weight_tying``).
+    ``targets`` (full module names) replaces :func:`resolve_lora_targets` for models that
+    resolve their own (a diffusion transformer). Only the adapters (and
+    ``modules_to_save``) require gradients afterwards. A tied output head follows a
+    trained input embedding (peft's ``ensure_weight_tying``).
     """
     peft = require("peft", "lora", "model.lora")
-    targets = resolve_lora_targets(model, section)
+    if targets is None:
+        targets = resolve_lora_targets(model, section)
     to_save = resolve_modules_to_save(model, section.modules_to_save)
     config = peft.LoraConfig(
         r=section.rank, lora_alpha=section.alpha, lora_dropout=section.dropout,
         target_modules=targets, modules_to_save=to_save or None, bias="none",
         ensure_weight_tying=bool(to_save),
+        init_lora_weights="gaussian" if section.init == "gaussian" else True,
     )
     model.requires_grad_(False)
     return peft.get_peft_model(model, config, adapter_name=ADAPTER)

@@ -113,7 +113,16 @@ def make_tiny_model_dir(path: str | Path, *, seed: int = 0, **config_overrides: 
 
 
 def resolve_tiny_alias(name_or_path: str) -> str:
-    """Return a local directory for ``tiny-random`` (created once), else the input unchanged."""
+    """Return a local directory for ``tiny-random`` (created once), else the input unchanged.
+
+    ``tiny-random-wan``, ``tiny-random-sd3`` and ``tiny-random-cosmos`` are tiny diffusers
+    pipelines (:mod:`reasonctl.diffusion.tiny`).
+    """
+    if name_or_path.startswith(TINY_ALIAS + "-"):
+        from reasonctl.diffusion.tiny import TINY_PIPELINES, resolve_tiny_pipeline
+
+        if name_or_path in TINY_PIPELINES:
+            return resolve_tiny_pipeline(name_or_path)
     if name_or_path != TINY_ALIAS:
         return name_or_path
     target = cache_root() / f"{TINY_ALIAS}-{TINY_VERSION}"

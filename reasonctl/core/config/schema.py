@@ -66,7 +66,10 @@ class LoraSection(Section):
 
     Present (even empty) means on. The base weights stay frozen; only the adapters and the
     ``modules_to_save`` train, checkpoints hold only those, and the KL reference of RL is
-    the base model with the adapters switched off.
+    the base model with the adapters switched off. The same section adapts the diffusion
+    transformer of a diffusers pipeline (``flow_grpo``, ``ddrl``): presets then name its
+    blocks' attention and feed-forward projections, and ``export = "adapter"`` writes a
+    diffusers LoRA file (``load_lora_weights``) instead of a peft directory.
     """
 
     rank: int = Field(default=16, gt=0, description="Rank r of each adapter.")
@@ -78,9 +81,11 @@ class LoraSection(Section):
         default="all-linear",
         description="A preset of the model family (Qwen2/2.5/3, Qwen2-VL/2.5-VL/3-VL "
         "language tower): 'all-linear' (attention and MLP projections), 'attention' "
-        "(q/k/v/o) or 'mlp' (gate/up/down); or a list of linear module names (q_proj, "
-        "self_attn.o_proj: matched at the end of the full name) and regexes (searched in "
-        "the full name, e.g. 'layers\\.1[0-9]\\..*proj$').",
+        "(q/k/v/o) or 'mlp' (gate/up/down); for a diffusion transformer the linear layers "
+        "of its blocks' attention (to_q/k/v, to_out.0, add_*_proj) and feed-forward "
+        "networks. Or a list of linear module names (q_proj, self_attn.o_proj, to_out.0: "
+        "matched at the end of the full name) and regexes (searched in the full name, "
+        "e.g. 'layers\\.1[0-9]\\..*proj$').",
     )
     include_vision: bool = Field(
         default=False,
@@ -94,8 +99,16 @@ class LoraSection(Section):
     )
     export: Literal["merged", "adapter"] = Field(
         default="merged",
-        description="merged: a Hugging Face model with the adapters merged into the weights; "
-        "adapter: a peft adapter directory for PeftModel.from_pretrained on the base model.",
+        description="merged: a Hugging Face model (a diffusers pipeline directory for a "
+        "diffusion transformer) with the adapters merged into the weights; adapter: a peft "
+        "adapter directory for PeftModel.from_pretrained on the base model (for a diffusion "
+        "transformer a diffusers LoRA file for the pipeline's load_lora_weights).",
+    )
+    init: Literal["kaiming", "gaussian"] = Field(
+        default="kaiming",
+        description="Initial A matrices: kaiming-uniform (peft's default) or gaussian (as "
+        "the FlowGRPO reference code); B starts at zero either way, so training starts "
+        "from the base model.",
     )
 
     @field_validator("target_modules")

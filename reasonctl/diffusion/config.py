@@ -1,0 +1,131 @@
+"""``[algorithm.flow_grpo]`` and ``[algorithm.ddrl]``: the options of the diffusion RL steps.
+
+The group size is ``rollout.n`` (as for GRPO). The step is :mod:`reasonctl.diffusion.
+flow_grpo`, the loss math :mod:`reasonctl.diffusion.losses`. The defaults follow the
+FlowGRPO paper's code: clip range 1e-4, advantages clipped to +-5, noise level 0.7.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from reasonctl.core.protocols import Needs
+
+if TYPE_CHECKING:
+    from reasonctl.core.config import RunConfig
+
+
+class FlowGRPOConfig(BaseModel):
+    """``[algorithm.flow_grpo]``: sampling, which steps train, the clipped objective."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompts_per_step: int = Field(
+        default=4, gt=0, description="Prompts per step, over all ranks (each gets rollout.n "
+        "samples).")
+    height: int = Field(default=480, gt=0, description="Pixel height of generated media.")
+    width: int = Field(default=832, gt=0, description="Pixel width of generated media.")
+    frames: int = Field(default=1, gt=0, description="Frames per sample (1 for images; "
+                        "4k + 1 for Wan/Cosmos video).")
+    sample_steps: int = Field(default=10, gt=0, description="Denoising steps of a rollout.")
+    eval_steps: int = Field(default=20, gt=0, description="Denoising steps of evaluation "
+                            "samples (deterministic, no noise).")
+    noise_level: float = Field(default=0.7, gt=0, description="SDE noise scale a: std_dev = "
+                               "a * sqrt(sigma / (1 - sigma)).")
+    shift: float | None = Field(default=None, gt=0, description="Flow shift of the sigma "
+                                "schedule; default: the pipeline scheduler's.")
+    train_steps: list[int] | None = Field(
+        default=None, description="Denoising step indices (0-based) to train on; default: "
+        "train_fraction of them.")
+    train_fraction: float = Field(default=1.0, gt=0, le=1, description="Fraction of the "
+                                  "denoising steps to train on (when train_steps is unset).")
+    train_step_choice: Literal["first", "random"] = Field(
+        default="first", description="With train_fraction < 1: the earliest steps, or a fresh "
+        "random subset every step.")
+    shared_noise: bool = Field(default=False, description="One initial noise per group "
+                               "(per prompt) instead of one per sample.")
+    clip_range: float = Field(default=1e-4, gt=0, description="PPO ratio clip: 1 +- this.")
+    adv_clip_max: float = Field(default=5.0, gt=0, description="Advantages clipped to +-.")
+    kl_beta: float = Field(default=0.0, ge=0, description="Weight of the KL to the starting "
+                           "model, on the transition means; 0 builds no reference.")
+    guidance_scale: float = Field(default=1.0, ge=1, description="Classifier-free guidance "
+                                  "(1 = off), in rollouts, training and evaluation.")
+    negative_prompt: str = Field(default="", description="The unconditional prompt of CFG.")
+    ppo_epochs: int = Field(default=1, gt=0, description="Passes over each rollout batch.")
+    mini_batches: int = Field(default=1, gt=0, description="Optimizer steps per pass.")
+    sample_batch_size: int = Field(default=0, ge=0, description="Samples denoised at once "
+                                   "(0: all of this rank's).")
+    vae_batch_size: int = Field(default=1, gt=0, description="Samples the VAE decodes (or "
+                                "encodes) at once: more is faster and takes more memory.")
+    max_text_tokens: int | None = Field(default=None, gt=0, description="Text encoder "
+                                        "length; default: the model family's.")
+    conditional_frames: int = Field(default=0, ge=0, description="Latent frames of each "
+                                    "sample's video/image given as conditioning (Cosmos "
+                                    "image/video-to-world); 0 = text-to-world.")
+    eval_prompts: list[str] = Field(default_factory=list, description="Fixed prompts of the "
+                                    "in-loop evaluation ([eval] every_steps).")
+    eval_seed: int = Field(default=0, ge=0, description="Seed of the evaluation noise.")
+
+    @model_validator(mode="after")
+    def _check(self) -> FlowGRPOConfig:
+        problems = []
+        if self.train_steps is not None:
+            if not self.train_steps:
+                problems.append("train_steps: empty; list step indices or leave it unset")
+            bad = [s for s in self.train_steps if not 0 <= s < self.sample_steps]
+            if bad:
+                problems.append(f"train_steps: {bad} outside 0..{self.sample_steps - 1} "
+                                f"(sample_steps = {self.sample_steps})")
+            if len(set(self.train_steps)) != len(self.train_steps):
+                problems.append("train_steps: repeated step indices")
+            if self.train_fraction != 1.0:
+                problems.append("train_fraction: set either train_steps or train_fraction")
+        if self.mini_batches > self.prompts_per_step:
+            problems.append(f"mini_batches ({self.mini_batches}) cannot exceed "
+                            f"prompts_per_step ({self.prompts_per_step})")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def needs(self) -> Needs:
+        """Prompts and rewards; no chat processor; a reference with a KL term."""
+        return Needs(processor=False, dataset=True, rewards=True,
+                     reference_model=self.kl_beta > 0)
+
+    def config_problems(self, config: RunConfig, *, world_size: int) -> list[str]:
+        """Groups of at least two samples; prompts that split over the ranks; what
+        ``[model.lora]`` cannot do for a diffusion transformer."""
+        from reasonctl.diffusion.policy import lora_section_problems
+
+        problems = []
+        name = config.algorithm.name
+        if config.model.lora is not None:
+            problems += lora_section_problems(config.model.lora)
+        if config.rollout.n < 2:
+            problems.append(f"rollout.n: {name} compares samples within a group, so it needs "
+                            f"at least 2 per prompt (got {config.rollout.n})")
+        if self.prompts_per_step % world_size:
+            problems.append(f"algorithm.{name}.prompts_per_step: {self.prompts_per_step} must "
+                            f"be a multiple of the number of data-parallel processes "
+                            f"({world_size})")
+        return problems
+
+    def trained_step_count(self) -> int:
+        """How many denoising steps of each trajectory train."""
+        if self.train_steps is not None:
+            return len(self.train_steps)
+        return max(1, round(self.sample_steps * self.train_fraction))
+
+
+class DDRLConfig(FlowGRPOConfig):
+    """``[algorithm.ddrl]``: FlowGRPO plus the flow-matching loss on the dataset's media."""
+
+    data_beta: float = Field(default=0.01, ge=0, description="Weight of the data term (the "
+                             "flow-matching loss on each prompt's own video or image).")
+    data_noise: Literal["rollout", "fresh"] = Field(
+        default="rollout", description="rollout: noise the data at the trained step's sigma "
+        "with the sample's initial noise; fresh: a new uniform sigma and noise.")
+    exp_reward: bool = Field(default=False, description="Advantage transform A -> -exp(-A) "
+                             "(before clipping).")

@@ -1,0 +1,93 @@
+"""A step's rollout as training data: per-sample tensors and per-transition tensors.
+
+``B`` samples (``rollout.n`` per prompt, group-major) each recorded ``K`` transitions.
+Per-sample tensors (text rows, conditioning frames, DDRL's real latents) are stored once;
+:meth:`RolloutData.batch` assembles the :class:`~reasonctl.diffusion.batches.FlowBatch`
+of any list of ``(sample, transition)`` pairs, so micro-batches never copy the text
+condition ``K`` times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from reasonctl.diffusion.adapters.base import FrameCondition, TextCondition
+from reasonctl.diffusion.batches import FlowBatch
+from reasonctl.diffusion.sampler import Trajectories
+from reasonctl.diffusion.sde import Schedule
+
+Row = tuple[int, int]
+"""A transition: ``(sample index, recorded-step index)``."""
+
+
+@dataclass
+class RolloutData:
+    """Everything the update needs about one step's samples."""
+
+    trajectories: Trajectories
+    schedule: Schedule
+    std_devs: torch.Tensor
+    text: TextCondition
+    advantages: torch.Tensor
+    negative: TextCondition | None = None
+    frames: FrameCondition | None = None
+    ref_means: torch.Tensor | None = None
+    data_clean: torch.Tensor | None = None
+    data_noise: torch.Tensor | None = None
+    data_sigma: torch.Tensor | None = None
+    steps: tuple[int, ...] = field(default=())
+
+    @property
+    def samples(self) -> int:
+        """``B``."""
+        return int(self.trajectories.latents.shape[0])
+
+    def rows(self, samples: Sequence[int] | None = None) -> list[Row]:
+        """Every transition of ``samples`` (default: all), sample-major."""
+        chosen = range(self.samples) if samples is None else samples
+        return [(b, k) for b in chosen for k in range(len(self.steps))]
+
+    def batch(self, rows: Sequence[Row]) -> FlowBatch:
+        """The :class:`FlowBatch` of ``rows``."""
+        traj = self.trajectories
+        assert traj.states is not None and traj.next_states is not None \
+            and traj.log_probs is not None
+        device = traj.states.device
+        b = torch.tensor([r[0] for r in rows], dtype=torch.long, device=device)
+        k = torch.tensor([r[1] for r in rows], dtype=torch.long, device=device)
+        step = torch.tensor([self.steps[r[1]] for r in rows], dtype=torch.long)
+        sigmas = self.schedule.sigmas
+        out: FlowBatch = {
+            "latents": traj.states[b, k],
+            "next_latents": traj.next_states[b, k],
+            "sigma": sigmas[step].to(device),
+            "sigma_next": sigmas[step + 1].to(device),
+            "std_dev": self.std_devs[step].to(device),
+            "old_log_prob": traj.log_probs[b, k],
+            "advantages": self.advantages.to(device)[b],
+        }
+        text = self.text.select(b.to(self.text.embeds.device))
+        out["text_embeds"] = text.embeds
+        if text.pooled is not None:
+            out["text_pooled"] = text.pooled
+        if self.negative is not None:
+            negative = self.negative.select(b.to(self.negative.embeds.device))
+            out["negative_embeds"] = negative.embeds
+            if negative.pooled is not None:
+                out["negative_pooled"] = negative.pooled
+        if self.frames is not None:
+            frames = self.frames.select(b)
+            out["frame_latents"] = frames.latents
+            out["frame_indicator"] = frames.indicator
+            out["frame_noise"] = frames.noise
+        if self.ref_means is not None:
+            out["ref_mean"] = self.ref_means[b, k]
+        if self.data_clean is not None:
+            assert self.data_noise is not None and self.data_sigma is not None
+            out["data_clean"] = self.data_clean[b]
+            out["data_noise"] = self.data_noise[b]
+            out["data_sigma"] = self.data_sigma[b, k]
+        return out
