@@ -40,6 +40,7 @@ from __future__ import annotations
 import gc
 import logging
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import torch
@@ -297,6 +298,14 @@ class FSDPBackend(TorchBackend):
         else:
             policy_mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         options = {"mesh": self._shard_mesh(), "mp_policy": policy_mp}
+        if self.diffusion is not None and dtype != torch.float32:
+            # FSDP casts a block's floating inputs (a diffusion transformer passes float32
+            # rotary tables and modulation) in its pre-forward hook, which it skips when
+            # gradient checkpointing recomputes the block in backward; this plain hook casts
+            # them on every call, so the recomputation sees the forward's dtypes.
+            for block in blocks:
+                block.register_forward_pre_hook(partial(_cast_floating_inputs, dtype),
+                                                with_kwargs=True)
         for block in reversed(blocks):
             fully_shard(block, reshard_after_forward=self.reshard_after_forward, **options)
         # The root group holds the embedding and (tied) output head. Backward needs them right
@@ -352,3 +361,16 @@ class FSDPBackend(TorchBackend):
         for module in policy.modules():
             if isinstance(module, FSDPModule):
                 module.reshard()
+
+
+def _cast_floating_inputs(dtype: torch.dtype, _module: torch.nn.Module, args: tuple[Any, ...],
+                          kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Forward pre-hook: every floating-point tensor in ``args``/``kwargs`` cast to ``dtype``."""
+    from torch.utils._pytree import tree_map
+
+    def cast(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.to(dtype)
+        return value
+
+    return tree_map(cast, args), tree_map(cast, kwargs)
