@@ -25,15 +25,24 @@ from reasonctl.core.types import Completion, Metrics, RolloutGroup, Sample, Samp
 
 if TYPE_CHECKING:
     from reasonctl.core.config import RunConfig
-    from reasonctl.core.protocols import Backend, RolloutEngine, RunContext
+    from reasonctl.core.protocols import Backend, Processor, RolloutEngine, RunContext
     from reasonctl.data.processing import EncodedSample
 
 
-def sampling_params(config: RunConfig, *, seed: int | None) -> SamplingParams:
-    """The rollout's :class:`SamplingParams` from ``[rollout]`` (``n`` completions each)."""
+def sampling_params(config: RunConfig, *, seed: int | None,
+                    processor: Processor | None = None) -> SamplingParams:
+    """The rollout's :class:`SamplingParams` from ``[rollout]`` (``n`` completions each).
+
+    With the run's ``processor``, the tokens it reserves and ``rollout.suppress_tokens``
+    are suppressed (never sampled)."""
+    from reasonctl.data.processing import suppressed_token_ids
+
     r = config.rollout
+    suppress = suppressed_token_ids(processor, r.suppress_tokens) if processor is not None \
+        else []
     return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                          max_new_tokens=r.max_new_tokens, stop=list(r.stop), seed=seed)
+                          max_new_tokens=r.max_new_tokens, stop=list(r.stop), seed=seed,
+                          suppress_token_ids=suppress)
 
 
 def step_seed(ctx: RunContext, round_index: int = 0) -> int:
@@ -69,7 +78,7 @@ def sample_groups(
     Uses the run's processor, rollout engine and reward set (the algorithm's ``needs()``
     must ask for ``rollout_engine`` and ``rewards``). The engine is *not* refreshed here:
     call :func:`sync_engine_weights` once per step before the first call. ``params``
-    defaults to :func:`sampling_params` with ``seed``. Each returned group carries the
+    defaults to :func:`sampling_params` with ``seed`` and the run's processor. Each returned group carries the
     encoded prompt (``group.prompt``), the completions, their weighted ``rewards`` and the
     per-reward ``reward_components``. It is :func:`generate_completions` followed by
     :func:`score_groups`.
@@ -97,7 +106,7 @@ def generate_completions(
             "reasonctl.Needs(rollout_engine=True, rewards=True) from the algorithm's needs()"
         )
     encoded = [processor.encode_prompt(s, mcq_layout=mcq_layout) for s in samples]
-    params = params or sampling_params(ctx.config, seed=seed)
+    params = params or sampling_params(ctx.config, seed=seed, processor=processor)
     return encoded, engine.generate([e.as_prompt() for e in encoded], params)
 
 

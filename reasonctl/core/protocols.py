@@ -221,6 +221,15 @@ class Processor(Protocol):
         """The token id used for padding."""
         ...
 
+    @property
+    def reserved_token_ids(self) -> list[int]:
+        """Token ids a sampled completion must never contain (vision placeholders ...)."""
+        ...
+
+    def token_ids(self, tokens: Sequence[str | int]) -> list[int]:
+        """Ids of token strings (ids pass through); ``ValueError`` for an unknown one."""
+        ...
+
     def encode_sft(self, sample: Sample) -> EncodedSample:
         """The whole conversation, with the assistant turns as training targets."""
         ...

@@ -112,7 +112,12 @@ class Completion:
 
 @dataclass
 class SamplingParams:
-    """How a rollout engine samples completions."""
+    """How a rollout engine samples completions.
+
+    ``suppress_token_ids`` are never sampled (vision placeholders and other tokens the
+    processor reserves, plus ``rollout.suppress_tokens``); they only steer the draw: the
+    recorded log-probs are those of the full distribution, as a trainer recomputes them.
+    """
 
     n: int = 1
     temperature: float = 1.0
@@ -121,6 +126,7 @@ class SamplingParams:
     max_new_tokens: int = 128
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    suppress_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

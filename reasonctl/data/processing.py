@@ -448,6 +448,19 @@ class ChatProcessor:
             )
 
 
+def suppressed_token_ids(processor: Any, extra: Sequence[str | int] = ()) -> list[int]:
+    """What a rollout must never sample: ``processor.reserved_token_ids`` plus ``extra``
+    (``rollout.suppress_tokens``: token strings or ids)."""
+    from reasonctl.core.errors import ConfigError
+
+    ids = set(getattr(processor, "reserved_token_ids", ()))
+    try:
+        ids.update(processor.token_ids(list(extra)))
+    except ValueError as exc:
+        raise ConfigError([f"rollout.suppress_tokens: {exc}"]) from None
+    return sorted(ids)
+
+
 def _where(sample: Sample) -> str:
     return sample.source or "<sample>"
 

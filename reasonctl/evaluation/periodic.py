@@ -37,7 +37,8 @@ class PeriodicEvaluator:
             sync_engine_weights(ctx.engine, backend)
         report = score_samples(ctx.engine, ctx.processor, self.samples,
                                answer_format=self.answer_format,
-                               params=sampling_for_eval(ctx.config, seed=ctx.config.run.seed),
+                               params=sampling_for_eval(ctx.config, seed=ctx.config.run.seed,
+                                                        processor=ctx.processor),
                                default_source=self.source)
         correct = float(sum(p.correct for p in report.predictions))
         total = float(len(report.predictions))

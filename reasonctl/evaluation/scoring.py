@@ -154,14 +154,20 @@ def _reference_letters(letter: str | None) -> str:
     return LETTERS[: max(LETTERS.index(letter) + 1, 4)]
 
 
-def sampling_for_eval(config: RunConfig, *, seed: int) -> SamplingParams:
+def sampling_for_eval(config: RunConfig, *, seed: int, processor: Any = None
+                      ) -> SamplingParams:
     """``eval.temperature`` (greedy by default) with ``rollout`` top-p/top-k/stop, and
-    ``eval.max_new_tokens`` or else ``rollout.max_new_tokens``."""
+    ``eval.max_new_tokens`` or else ``rollout.max_new_tokens``; with the ``processor``,
+    its reserved tokens and ``rollout.suppress_tokens`` are never sampled."""
+    from reasonctl.data.processing import suppressed_token_ids
+
     rollout, section = config.rollout, config.eval
+    suppress = suppressed_token_ids(processor, rollout.suppress_tokens) \
+        if processor is not None else []
     return SamplingParams(n=1, temperature=section.temperature, top_p=rollout.top_p,
                           top_k=rollout.top_k,
                           max_new_tokens=section.max_new_tokens or rollout.max_new_tokens,
-                          stop=list(rollout.stop), seed=seed)
+                          stop=list(rollout.stop), seed=seed, suppress_token_ids=suppress)
 
 
 def score_samples(

@@ -30,6 +30,7 @@ from reasonctl.core.types import Completion, SamplingParams
 from reasonctl.rollout.dynamic import DynamicDecoder, has_vision_inputs
 from reasonctl.rollout.options import DecodeOptions
 from reasonctl.rollout.rows import GeneratingRow
+from reasonctl.rollout.sampling import suppression_bias
 from reasonctl.rollout.static.buckets import DEFAULT_GRAPH_BATCH_SIZES
 from reasonctl.rollout.static.decoder import StaticDecoder, supports_static_decode
 
@@ -138,15 +139,17 @@ class HFRolloutEngine:
         _check_params(params)
         started = time.perf_counter()
         generator = self._generator(params.seed)
+        bias = self._suppression(params)
         static = self.static_decoder is not None and not has_vision_inputs(prompts)
         with self._inference():
             if static:
                 assert self.static_decoder is not None
                 results = self.static_decoder.generate([p["input_ids"] for p in prompts],
-                                                       params, generator)
+                                                       params, generator, bias=bias)
             else:
                 results = self.dynamic_decoder.generate(prompts, params, generator,
-                                                        max_batch_size=self.max_batch_size)
+                                                        max_batch_size=self.max_batch_size,
+                                                        bias=bias)
         if not static:
             path = "dynamic"
         else:
@@ -218,15 +221,25 @@ class HFRolloutEngine:
                 pieces.append(text[len(emitted) :])
                 emitted = text
 
+        bias = self._suppression(params)
         with self._inference():
             for _ in self.dynamic_decoder.decode_loop([prompt], params, generator,
-                                                      on_step=on_step):
+                                                      on_step=on_step, bias=bias):
                 while pieces:
                     yield pieces.pop(0)
         while pieces:
             yield pieces.pop(0)
 
     # --- internals -----------------------------------------------------------------------
+
+    def _suppression(self, params: SamplingParams) -> torch.Tensor | None:
+        """The sampling bias that keeps ``params.suppress_token_ids`` from being drawn (end
+        tokens excepted: they may always end a completion); None when nothing is."""
+        banned = set(params.suppress_token_ids) - self.eos_token_ids
+        if not banned:
+            return None
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        return suppression_bias(sorted(banned), vocab, self.device)
 
     def _generator(self, seed: int | None) -> torch.Generator:
         if seed is None:

@@ -147,9 +147,11 @@ class StaticDecoder:
         return next(self.model.parameters()).device
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 generator: torch.Generator) -> list[list[Completion]]:
+                 generator: torch.Generator, *, bias: torch.Tensor | None = None
+                 ) -> list[list[Completion]]:
         """``params.n`` completions per prompt (token-id lists). Runs under the caller's
-        inference context (no grad, eval mode, autocast)."""
+        inference context (no grad, eval mode, autocast). ``bias`` keeps suppressed tokens
+        from being drawn (:func:`~reasonctl.rollout.sampling.suppression_bias`)."""
         if not prompts:
             return []
         if min(len(p) for p in prompts) == 0:
@@ -160,7 +162,7 @@ class StaticDecoder:
         dtype = self._compute_dtype()
         self._prepare_step(dtype)
         self._ensure_capacity(slots, -(-needed // LENGTH_ALIGN) * LENGTH_ALIGN, dtype)
-        DecodeRun(self, prompts, params, sequences, slots, generator).execute()
+        DecodeRun(self, prompts, params, sequences, slots, generator, bias=bias).execute()
         return group_completions(sequences, len(prompts), self.decode_many)
 
     def bucket(self, rows: int, slots: int) -> int:

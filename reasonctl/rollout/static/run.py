@@ -87,7 +87,7 @@ class DecodeRun:
 
     def __init__(self, decoder: Decoder, prompts: Sequence[Sequence[int]],
                  params: SamplingParams, sequences: list[GeneratingRow], slots: int,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator, *, bias: torch.Tensor | None = None) -> None:
         assert decoder.cache is not None and decoder.buffers is not None
         self.decoder = decoder
         self.cache = decoder.cache
@@ -97,6 +97,8 @@ class DecodeRun:
         self.sequences = sequences
         self.slots = slots
         self.generator = generator
+        self.bias = bias
+        """Suppressed tokens (``-inf``) for every draw, or None."""
         self.device = self.buffers.logits.device
         self.eos = torch.tensor(decoder.eos_token_ids, device=self.device)
         self.eos_set = set(decoder.eos_token_ids)
@@ -210,13 +212,16 @@ class DecodeRun:
                 tokens, logprobs = head_sample(b.hidden[:batch],
                                                self.decoder.decode_forward.lm_head,
                                                params.temperature, seed, pdl=self.pdl,
-                                               fast_log=self.decoder.options.fast_logarithm)
+                                               fast_log=self.decoder.options.fast_logarithm,
+                                               bias=self.bias)
             else:
-                tokens, logprobs = race_sample(b.logits[:batch], params.temperature, seed)
+                tokens, logprobs = race_sample(b.logits[:batch], params.temperature, seed,
+                                               bias=self.bias)
         else:
             tokens, logprobs = sample_tokens(
                 b.logits[:batch], temperature=params.temperature, top_k=params.top_k,
                 top_p=params.top_p, generator=self.generator, race=self.decoder.race,
+                bias=self.bias,
             )
         record = record_tokens if self.fused_record else self.decoder.record
         extra = {"seed": self.seed, "pdl": self.pdl} if self.fused_record else {}
