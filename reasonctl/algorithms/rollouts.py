@@ -78,10 +78,10 @@ def sample_groups(
     Uses the run's processor, rollout engine and reward set (the algorithm's ``needs()``
     must ask for ``rollout_engine`` and ``rewards``). The engine is *not* refreshed here:
     call :func:`sync_engine_weights` once per step before the first call. ``params``
-    defaults to :func:`sampling_params` with ``seed`` and the run's processor. Each returned group carries the
-    encoded prompt (``group.prompt``), the completions, their weighted ``rewards`` and the
-    per-reward ``reward_components``. It is :func:`generate_completions` followed by
-    :func:`score_groups`.
+    defaults to :func:`sampling_params` with ``seed`` and the run's processor. Each
+    returned group carries the encoded prompt (``group.prompt``), the completions, their
+    weighted ``rewards`` and the per-reward ``reward_components``. It is
+    :func:`generate_completions` followed by :func:`score_groups`.
     """
     encoded, completions = generate_completions(ctx, samples, seed=seed, params=params,
                                                 mcq_layout=mcq_layout)

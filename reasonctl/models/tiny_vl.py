@@ -6,7 +6,8 @@ and a ``preprocessor_config.json`` with the model's patching settings and a smal
 ``max_pixels`` so inputs stay cheap. The Qwen3-VL one also has a
 ``video_preprocessor_config.json`` (its video layout, with timestamps, reads it) and one
 deepstack layer. ``model.name_or_path = "tiny-random-vl"`` (Qwen2.5-VL) and
-``"tiny-random-qwen3-vl"`` build them on first use (:func:`reasonctl.models.tiny.resolve_tiny_alias`).
+``"tiny-random-qwen3-vl"`` build them on first use
+(:func:`reasonctl.models.tiny.resolve_tiny_alias`).
 """
 
 from __future__ import annotations
