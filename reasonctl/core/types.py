@@ -173,7 +173,10 @@ class TrainBatch(TypedDict, total=False):
     Vision-language batches add the processor's tensors, whose first dimension concatenates over
     the batch's images/videos: ``pixel_values``, ``image_grid_thw``, ``pixel_values_videos``,
     ``video_grid_thw``, ``second_per_grid_ts``, and the per-token ``mm_token_type_ids``
-    (0 text, 1 image, 2 video).
+    (0 text, 1 image, 2 video). Rows that share their vision inputs (the completions of one
+    prompt) may carry them once per distinct set, with ``media_source_rows`` (``[B]``: the
+    set each row uses, -1 for none) and ``media_items`` (``[sets, 2]``: images and videos per
+    set); see :func:`reasonctl.data.collate.collate_shared_media`.
     """
 
     input_ids: torch.Tensor
@@ -186,6 +189,8 @@ class TrainBatch(TypedDict, total=False):
     video_grid_thw: torch.Tensor
     second_per_grid_ts: torch.Tensor
     mm_token_type_ids: torch.Tensor
+    media_source_rows: torch.Tensor
+    media_items: torch.Tensor
 
 
 class PolicyBatch(TrainBatch, total=False):
