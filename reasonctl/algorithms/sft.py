@@ -29,6 +29,7 @@ from reasonctl.core.protocols import (
 from reasonctl.core.types import Metrics
 from reasonctl.data.collate import collate
 from reasonctl.data.processing import EncodedSample
+from reasonctl.data.rows import split_problem
 
 
 class SFTAlgorithm:
@@ -118,7 +119,7 @@ class SFTAlgorithm:
         elapsed = time.perf_counter() - started
         self.truncated_samples += totals["truncated"]
         self.skipped_samples += totals["skipped"]
-        ctx.skipped_rows += totals["skipped"]
+        ctx.skipped_rows += totals["skipped"] - skipped  # this rank's are recorded already
         metrics: Metrics = {
             "loss": result["loss"],
             "lr": result["lr"],
@@ -147,11 +148,13 @@ class SFTAlgorithm:
         encoded: list[EncodedSample | None] = []
         skipped = 0
         for index in indices:
+            sample = self.dataset[index]
             try:
-                encoded.append(self.processor.encode_sft(self.dataset[index]))
-            except DataError:
+                encoded.append(self.processor.encode_sft(sample))
+            except DataError as exc:
                 if ctx.config.data.on_bad_row != "skip":
                     raise
+                ctx.record_skipped_row(*split_problem(exc, sample.source))
                 skipped += 1
                 encoded.append(None)
         good = [e for e in encoded if e is not None]
