@@ -216,7 +216,15 @@ class ChatProcessor:
         truncated = len(ids) > self.max_length
         if truncated:
             self._check_media_survives(ids, self.max_length, sample, len(ids))
+            total = len(ids)
             ids, mask = ids[: self.max_length], mask[: self.max_length]
+            if not any(mask):
+                raise DataError(
+                    f"{_where(sample)}: the answer is cut off: the sample has {total} tokens "
+                    f"and the first answer token comes after max_length={self.max_length}, "
+                    "so nothing is left to train on; raise model.max_length or shorten the "
+                    "prompt (for videos: lower fps or max_pixels)"
+                )
         return EncodedSample(ids, mask, self._with_token_types(ids, extras), truncated, 0)
 
     def encode_prompt(self, sample: Sample, *, mcq_layout: bool = True) -> EncodedSample:

@@ -90,14 +90,19 @@ def read_json_rows(path: Path) -> Iterator[Row]:
 
     A file whose first non-blank character is ``[`` is read as one JSON array; each element
     is reported at the line where it starts. Otherwise every non-blank line is one JSON
-    value. Undecodable lines are yielded as :class:`RowProblem` values so the caller can
-    skip them or stop.
+    value. Undecodable lines (bad JSON, or bytes that are not UTF-8) are yielded as
+    :class:`RowProblem` values so the caller can skip them or stop.
     """
-    text = read_text(path)
-    if text.lstrip().startswith("["):
-        yield from _json_array_rows(path, text)
+    data = path.read_bytes()
+    if data.lstrip().startswith((b"[", b"\xef\xbb\xbf[")):
+        yield from _json_array_rows(path, read_text(path, data))
         return
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(data.splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as exc:
+            yield Row(f"{path}:{number}", RowProblem(_not_utf8(raw, exc.start)), path)
+            continue
         if not line.strip():
             continue
         try:
@@ -107,18 +112,21 @@ def read_json_rows(path: Path) -> Iterator[Row]:
         yield Row(f"{path}:{number}", value, path)
 
 
-def read_text(path: Path) -> str:
+def read_text(path: Path, data: bytes | None = None) -> str:
     """A data file's text; a file that is not UTF-8 is a :class:`DataError` naming where."""
-    data = path.read_bytes()
+    data = path.read_bytes() if data is None else data
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise DataError(
-            f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at column {column}); "
-            "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-        ) from None
+        start = data.rfind(b"\n", 0, exc.start) + 1
+        raise DataError(f"{path}:{line}: {_not_utf8(data[start:], exc.start - start)}"
+                        ) from None
+
+
+def _not_utf8(line: bytes, offset: int) -> str:
+    return (f"not UTF-8 text (byte 0x{line[offset]:02x} at column {offset + 1}); save the "
+            "file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
 
 
 def _json_array_rows(path: Path, text: str) -> Iterator[Row]:

@@ -10,10 +10,14 @@ Where the data comes from, in order of precedence:
   (``subset`` picks its configuration; downloads use the usual Hugging Face cache).
 
 ``split`` accepts slicing such as ``train[:100]``, ``train[10:20]`` or ``train[:5%]``.
-Rows use the layouts of :mod:`reasonctl.data.messages`; ``columns`` maps those names to the
-dataset's columns, e.g. ``columns = {prompt = "question", reference = "label", video =
-"video_path"}``. Image columns stored as images (bytes) are written once to the reasonctl
-cache so the sample can refer to a file. Errors name rows as ``<dataset>[<split>]:<index>``.
+Rows use the layouts of :mod:`reasonctl.data.messages` (Cosmos-Reason1 SFT rows with
+``conversations`` stored as JSON text, Cosmos-Reason1 RL rows with ``qa_pairs``);
+``columns`` maps those names to the dataset's columns, e.g. ``columns = {prompt =
+"question", reference = "label", video = "video_path"}``, and ``prompt``/``answer``
+templates build samples from other columns
+(:mod:`reasonctl.data.formats.row_mapping`). Image columns stored as images (bytes) are
+written once to the reasonctl cache so the sample can refer to a file. Errors name rows as
+``<dataset>[<split>]:<index>``.
 """
 
 from __future__ import annotations
@@ -23,20 +27,16 @@ import io
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
-from reasonctl.data.formats.media_options import MediaOptions
+from reasonctl.data.formats.row_mapping import RowMappingOptions
 
 if TYPE_CHECKING:
     from reasonctl.core.protocols import RunContext
     from reasonctl.data.datasets import ListDataset
 
-RowField = Literal[
-    "messages", "conversations", "prompt", "system", "response", "answer", "completion",
-    "reference", "meta", "image", "images", "video", "videos",
-]
 MEDIA_FIELDS = ("image", "images", "video", "videos")
 BUILDERS = {
     ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet",
@@ -47,7 +47,7 @@ SPLIT_PATTERN = re.compile(
 )
 
 
-class HfConfig(MediaOptions):
+class HfConfig(RowMappingOptions):
     """``[data.hf]``: which dataset, split and columns to read."""
 
     name: str | None = Field(
@@ -59,9 +59,6 @@ class HfConfig(MediaOptions):
     )
     subset: str | None = Field(default=None, description="Dataset configuration name.")
     split: str = Field(default="train", description="Split, with optional slicing.")
-    columns: dict[RowField, str] = Field(
-        default_factory=dict, description="Row field -> dataset column."
-    )
     revision: str | None = Field(default=None, description="Hub revision to load.")
 
     @field_validator("split")
@@ -96,7 +93,6 @@ def build_hf_dataset(config: HfConfig | None, *, ctx: RunContext | None = None) 
         )
     table = _undecoded_media(datasets, table, config)
     media = config.resolver(base_dir, "hf")
-    renamed = {column: field for field, column in config.columns.items()}
     options = RowOptions.from_context(ctx)
 
     def rows() -> Any:
@@ -104,7 +100,7 @@ def build_hf_dataset(config: HfConfig | None, *, ctx: RunContext | None = None) 
             yield Row(f"{label}:{start + index}", table[index])
 
     def parse(row: Row) -> Any:
-        record = {renamed.get(k, k): v for k, v in row.value.items()}
+        record = config.map_row(row.value)
         for field in MEDIA_FIELDS:
             if record.get(field) is not None:
                 record[field] = _media_paths(record[field])
