@@ -195,3 +195,29 @@ def test_data_check_names_every_bad_row(tmp_path: Path, clip: Path) -> None:
     rl = check_data(load_config(str(config), ["algorithm.name='grpo'"], registry=registry),
                     registry)
     assert (rl.rows, rl.samples, len(rl.bad), rl.truncated) == (8, 4, 4, 1)
+
+
+def test_cosmos_rl_key_names_point_to_reasonctl_keys(tmp_path: Path) -> None:
+    from reasonctl.core.config import load_config
+    from reasonctl.core.errors import ConfigError
+    from reasonctl.core.plugins import PluginHost
+
+    path = tmp_path / "cosmos.toml"
+    path.write_text('[train]\nepoch = 3\ntrain_batch_per_replica = 4\n'
+                    '[train.ckpt]\nsave_freq = 10\nmax_keep = 2\n'
+                    '[policy]\nmodel_name_or_path = "x"\n[policy.parallelism]\ndp_shard_size = 4\n'
+                    '[data]\nformat = "llava"\n[data.llava]\nannotation_path = "a.json"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_config(str(path), registry=PluginHost.load().registry)
+    problems = "\n".join(caught.value.problems)
+    for expected in (
+        "train.epoch: unknown key; cosmos-rl's 'epoch' is reasonctl's train.epochs",
+        "train.train_batch_per_replica: unknown key; cosmos-rl's 'train_batch_per_replica' is "
+        "reasonctl's train.global_batch_size",
+        "train.ckpt: unknown key; cosmos-rl's 'ckpt' is reasonctl's [checkpoint]; inside it: "
+        "save_freq -> checkpoint.every_steps, max_keep -> checkpoint.keep",
+        "parallelism.dp_shard_size -> --nproc-per-node N",
+        "data.llava.annotation_path: unknown key; cosmos-rl's 'annotation_path' is reasonctl's "
+        "data.llava.path",
+    ):
+        assert expected in problems
