@@ -4,6 +4,7 @@ the Qwen3-VL video layout, and GRPO that learns a video multiple-choice task on 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -81,3 +82,98 @@ def test_shared_vision_inputs_give_the_log_probs_and_gradients_of_copies(
     assert len(grads) == len(expected_grads)
     for grad, reference in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(grad, reference, atol=1e-4, rtol=1e-4)
+
+
+def _scaled_model(alias: str) -> Any:
+    """The tiny model with larger weights, so greedy tokens vary from step to step."""
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(_model_dir(alias),
+                                                        dtype=torch.float32).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.ndim >= 2:
+                param.mul_(15.0)
+    return model
+
+
+def _prompts(processor: ChatProcessor, media: dict[str, Path], tmp: Path) -> list[Any]:
+    """A video prompt, a text prompt, and an image plus a video of other sizes."""
+    other = write_tiny_mp4(tmp / "tall.mp4", frames=10, fps=5, size=(40, 72))
+    samples = [
+        [ContentPart("video", path=str(media["video"])), ContentPart("text", text="What?")],
+        [ContentPart("text", text="plain words, no picture")],
+        [ContentPart("image", path=str(media["image"])), ContentPart("video", path=str(other)),
+         ContentPart("text", text="Both?")],
+    ]
+    return [processor.encode_prompt(Sample([Message("user", parts)])) for parts in samples]
+
+
+def _generate_reference(model: Any, encoded: Any, tokens: int) -> list[int]:
+    inputs: dict[str, Any] = {"input_ids": torch.tensor([encoded.input_ids])}
+    for key, value in encoded.extras.items():
+        inputs[key] = value.view(1, -1) if key == "mm_token_type_ids" else value
+    out = model.generate(**inputs, attention_mask=torch.ones_like(inputs["input_ids"]),
+                         max_new_tokens=tokens, do_sample=False)
+    return out[0, len(encoded.input_ids):].tolist()
+
+
+@pytest.mark.parametrize("alias", MODELS)
+def test_vision_prompts_take_the_static_path_with_generate_parity_and_no_logprob_gap(
+        alias: str, media: dict[str, Path], tmp_path: Path) -> None:
+    from reasonctl.backends.token_logprobs import TokenLogprobModel
+    from reasonctl.core.types import SamplingParams
+    from reasonctl.rollout.hf_engine import HFRolloutEngine
+
+    model = _scaled_model(alias)
+    processor = ChatProcessor.from_pretrained(_model_dir(alias), max_length=2048)
+    encoded = _prompts(processor, media, tmp_path)
+    engine = HFRolloutEngine(model, processor.tokenizer, max_batch_size=4)
+    greedy = engine.generate([e.as_prompt() for e in encoded],
+                             SamplingParams(temperature=0.0, max_new_tokens=10))
+    assert engine.last_stats.decode == "static"
+    for prompt, group in zip(encoded, greedy, strict=True):
+        assert group[0].token_ids == _generate_reference(model, prompt, 10)
+    assert greedy[0][0].token_ids != greedy[2][0].token_ids
+    # sampling with slots refilled (9 sequences, 4 slots) and reserved tokens suppressed
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=12, seed=3,
+                            suppress_token_ids=processor.reserved_token_ids)
+    groups = engine.generate([e.as_prompt() for e in encoded], params)
+    rows, spans = [], []
+    for prompt, group in zip(encoded, groups, strict=True):
+        for completion in group:
+            assert not set(completion.token_ids) & set(processor.reserved_token_ids)
+            extras = dict(prompt.extras)
+            count = len(completion.token_ids)
+            if "mm_token_type_ids" in extras:
+                extras["mm_token_type_ids"] = torch.cat(
+                    [extras["mm_token_type_ids"], torch.zeros(count, dtype=torch.long)])
+            rows.append(EncodedSample(prompt.input_ids + completion.token_ids,
+                                      [0] * len(prompt.input_ids) + [1] * count, extras))
+            spans.append((slice(len(prompt.input_ids) - 1, len(prompt.input_ids) - 1 + count),
+                          torch.tensor(completion.logprobs)))
+    with torch.no_grad():
+        trainer, _ = TokenLogprobModel(model)(collate_shared_media(rows, processor.pad_id))
+    gap = max(float((trainer[i, span] - engine_lp).abs().max())
+              for i, (span, engine_lp) in enumerate(spans))
+    assert gap < 1e-3
+
+
+@pytest.mark.usefixtures("triton_interpreter")
+def test_vision_prompts_through_the_kernel_chain_match_generate(
+        media: dict[str, Path], tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    from reasonctl.core.types import SamplingParams
+    from reasonctl.rollout.hf_engine import HFRolloutEngine
+
+    model = _scaled_model("tiny-random-qwen3-vl")
+    processor = ChatProcessor.from_pretrained(_model_dir("tiny-random-qwen3-vl"),
+                                              max_length=2048)
+    encoded = _prompts(processor, media, tmp_path)[:2]
+    engine = HFRolloutEngine(model, processor.tokenizer)
+    groups = engine.generate([e.as_prompt() for e in encoded],
+                             SamplingParams(temperature=0.0, max_new_tokens=5))
+    step = engine.static_decoder.decode_forward if engine.static_decoder else None
+    assert step is not None and step.chain and step.multimodal
+    for prompt, group in zip(encoded, groups, strict=True):
+        assert group[0].token_ids == _generate_reference(model, prompt, 5)

@@ -45,6 +45,12 @@ def has_vision_inputs(prompts: Sequence[dict[str, Any]]) -> bool:
     return any(p.get(k) is not None for p in prompts for k in VISION_KEYS)
 
 
+def vision_inputs(prompt: dict[str, Any]) -> dict[str, Any] | None:
+    """A prompt's vision inputs and token types (None for a text prompt)."""
+    found = {k: prompt[k] for k in (*VISION_KEYS, TOKEN_TYPES_KEY) if prompt.get(k) is not None}
+    return found if any(k in found for k in VISION_KEYS) else None
+
+
 class DynamicDecoder:
     """Samples completions from a ``transformers`` causal LM one token at a time.
 

@@ -4,10 +4,12 @@
 the decode path and runs it in the inference context (no grad, eval mode, the caller's
 autocast). Text prompts on supported models take the static path
 (:class:`~reasonctl.rollout.static.decoder.StaticDecoder`: a static slot cache,
-continuous batching, CUDA graphs, the Triton kernels of :mod:`reasonctl.rollout.kernels`);
-vision prompts, other models, ``decode="dynamic"`` and :meth:`HFRolloutEngine.stream`
-take the dynamic path (:class:`~reasonctl.rollout.dynamic.DynamicDecoder`, a per-token
-loop over ``transformers``' dynamic cache). Both sample, record log-probs and cut stop
+continuous batching, CUDA graphs, the Triton kernels of :mod:`reasonctl.rollout.kernels`),
+and so do vision prompts on Qwen2.5-VL and Qwen3-VL (batched vision prefill, multimodal
+rotary offsets per slot); vision prompts of other models, other models,
+``decode="dynamic"`` and :meth:`HFRolloutEngine.stream` take the dynamic path
+(:class:`~reasonctl.rollout.dynamic.DynamicDecoder`, a per-token loop over
+``transformers``' dynamic cache). Both sample, record log-probs and cut stop
 strings alike.
 
 The engine either shares the policy module (colocated on one device: same parameters,
@@ -27,7 +29,7 @@ from typing import Any, Literal
 import torch
 
 from reasonctl.core.types import Completion, SamplingParams
-from reasonctl.rollout.dynamic import DynamicDecoder, has_vision_inputs
+from reasonctl.rollout.dynamic import DynamicDecoder, has_vision_inputs, vision_inputs
 from reasonctl.rollout.options import DecodeOptions
 from reasonctl.rollout.rows import GeneratingRow
 from reasonctl.rollout.sampling import suppression_bias
@@ -140,12 +142,16 @@ class HFRolloutEngine:
         started = time.perf_counter()
         generator = self._generator(params.seed)
         bias = self._suppression(params)
-        static = self.static_decoder is not None and not has_vision_inputs(prompts)
+        with_vision = has_vision_inputs(prompts)
+        static = self.static_decoder is not None and (
+            not with_vision or self.static_decoder.takes_vision)
         with self._inference():
             if static:
                 assert self.static_decoder is not None
+                vision = [vision_inputs(p) for p in prompts] if with_vision else None
                 results = self.static_decoder.generate([p["input_ids"] for p in prompts],
-                                                       params, generator, bias=bias)
+                                                       params, generator, bias=bias,
+                                                       vision=vision)
             else:
                 results = self.dynamic_decoder.generate(prompts, params, generator,
                                                         max_batch_size=self.max_batch_size,
