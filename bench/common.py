@@ -26,6 +26,8 @@ SHAPES: dict[str, dict[str, int]] = {
              "num_key_value_heads": 2, "intermediate_size": 4864},
     "1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
              "num_key_value_heads": 2, "intermediate_size": 8960},
+    "7b": {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+           "num_key_value_heads": 4, "intermediate_size": 18944},
     "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "intermediate_size": 128},
 }
@@ -43,12 +45,13 @@ CHAT_TEMPLATE = (
 
 
 def qwen25_config(size: str) -> Any:
-    """A ``Qwen2Config`` of the named shape (tied embeddings, rope theta 1e6, bf16)."""
+    """A ``Qwen2Config`` of the named shape (rope theta 1e6, bf16; embeddings tied below
+    7B, as in Qwen2.5)."""
     from transformers import Qwen2Config
 
     return Qwen2Config(
         vocab_size=VOCAB, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
-        tie_word_embeddings=True, use_cache=False, dtype="bfloat16",
+        tie_word_embeddings=size != "7b", use_cache=False, dtype="bfloat16",
         bos_token_id=word_count(), eos_token_id=word_count() + 2, pad_token_id=word_count(),
         **SHAPES[size],
     )

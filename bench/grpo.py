@@ -1,5 +1,8 @@
 """GRPO step time: reasonctl's GRPO on one GPU against TRL's GRPOTrainer (no vLLM).
 
+Diagnosis micro-benchmark: it drives the algorithm in-process. The figure compared with
+TRL in ``bench/RESULTS.md`` comes from :mod:`bench.cli_grpo` (``reasonctl run``).
+
 Workload (both sides): a random Qwen2.5-shaped model (same bf16 initial weights), 8
 prompts x 8 completions = 64 completions per optimizer step, prompts of 128 tokens
 (chat template included), up to ``--max-new-tokens`` sampled tokens at temperature 1,
@@ -52,7 +55,7 @@ PROMPT_WORDS = 123
 def parse_args() -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="0.5b", choices=["0.5b", "1.5b", "tiny"])
+    parser.add_argument("--size", default="0.5b", choices=["0.5b", "1.5b", "7b", "tiny"])
     parser.add_argument("--impls", default="reasonctl,trl")
     parser.add_argument("--steps", type=int, default=3, help="reasonctl steps (incl. warm-up).")
     parser.add_argument("--trl-steps", type=int, default=2)

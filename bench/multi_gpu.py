@@ -87,11 +87,11 @@ def parse_args() -> argparse.Namespace:
                         help=f"Comma-separated subset of {','.join(PARTS)}.")
     parser.add_argument("--gpus", default="1,2,4", help="Process counts (one GPU each).")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu"])
-    parser.add_argument("--size", default=None, choices=["0.5b", "1.5b", "tiny"],
+    parser.add_argument("--size", default=None, choices=["0.5b", "1.5b", "7b", "tiny"],
                         help="Model of every part (default: 1.5b for scaling/hsdp, "
                              "0.5b for grpo and resume).")
-    parser.add_argument("--grpo-size", default=None, choices=["0.5b", "1.5b", "tiny"])
-    parser.add_argument("--resume-size", default=None, choices=["0.5b", "1.5b", "tiny"])
+    parser.add_argument("--grpo-size", default=None, choices=["0.5b", "1.5b", "7b", "tiny"])
+    parser.add_argument("--resume-size", default=None, choices=["0.5b", "1.5b", "7b", "tiny"])
     parser.add_argument("--out", default="outputs/bench_multi_gpu")
     parser.add_argument("--launcher", default="cli", choices=["cli", "torchrun"],
                         help="cli: reasonctl run --nproc-per-node N; torchrun: "

@@ -1,5 +1,9 @@
 """SFT throughput: reasonctl's single-GPU backend against TRL's SFTTrainer and a plain loop.
 
+Diagnosis micro-benchmark: it calls the backend's ``train_step`` with pre-collated
+batches. The figure compared with TRL in ``bench/RESULTS.md`` comes from
+:mod:`bench.cli_sft` (``reasonctl run``).
+
 All implementations train the same random Qwen2.5-shaped model (identical bf16 initial
 weights) on the same random-token rows in the same order: ``--batch`` rows of ``--seq``
 tokens per optimizer step, next-token loss on every token, AdamW (fused), constant
@@ -57,7 +61,7 @@ LOSS_RTOL = 0.01
 def parse_args() -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="0.5b", choices=["0.5b", "1.5b", "tiny"])
+    parser.add_argument("--size", default="0.5b", choices=["0.5b", "1.5b", "7b", "tiny"])
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=10)

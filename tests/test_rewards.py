@@ -118,7 +118,7 @@ print(json.dumps({"before": before, "seen": seen, "heavy": heavy}))
     assert report["before"] == []
     assert report["seen"] == {
         name: [f"reasonctl.rewards.{name}"] * 2
-        for name in ("format", "choice", "math", "exact_match", "length")
+        for name in ("format", "choice", "math", "exact_match", "length", "remote")
     }
     assert report["heavy"] == []
 

@@ -7,7 +7,10 @@ A step of :class:`GRPO`:
    ``dynamic_sampling``, groups whose rewards are all equal are dropped and more prompts
    are drawn, up to ``max_sampling_rounds`` rounds.
 2. **Rewards** from the run's :class:`~reasonctl.core.reward_set.RewardSet`; advantages
-   are normalised within each group (:func:`~.grpo_loss.group_advantages`).
+   are normalised within each group (:func:`~.grpo_loss.group_advantages`). Without
+   ``dynamic_sampling`` (which needs the rewards to choose groups) scoring is submitted
+   right after generation and collected after step 3, just before the update, so rewards
+   that score elsewhere (``remote``) overlap the log-prob passes, which need no rewards.
 3. **Old log-probs.** With several optimizer steps per rollout the trainer first
    recomputes the log-probs (and entropy) of every completion under the current weights;
    with one, the update's own forward pass provides them. With ``kl_beta > 0`` the frozen
@@ -23,6 +26,9 @@ reference model) from the config and hands it over in the :class:`RunContext`; t
 and batch helpers are the public building blocks of :mod:`reasonctl.algorithms.rollouts`
 and :mod:`reasonctl.algorithms.policy_batch`. The sampler position is the only state beyond
 the backend's, so a resumed run draws the same prompts as an uninterrupted one.
+
+The module is a little over our usual length: the phases of a step stay together so their
+order, and what each hands the next, reads in one place.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from reasonctl.algorithms.policy_batch import (
     store_completion_logprobs,
 )
 from reasonctl.algorithms.rollouts import (
+    collect_groups,
     completion_metrics,
     encode_prompts,
     generate_completions,
@@ -52,6 +59,7 @@ from reasonctl.algorithms.rollouts import (
     reward_metrics,
     score_groups,
     step_seed,
+    submit_groups,
     sync_engine_weights,
 )
 from reasonctl.algorithms.sampling import EpochSampler
@@ -63,6 +71,7 @@ from reasonctl.data.datasets import shard
 if TYPE_CHECKING:
     from reasonctl.algorithms.grpo_config import GRPOConfig
     from reasonctl.core.protocols import Backend, Dataset, Processor, RunContext, TokenOutputs
+    from reasonctl.core.reward_set import PendingScores
     from reasonctl.core.types import PolicyBatch
 
 
@@ -76,16 +85,21 @@ class _Rollout:
     generated_tokens: int = 0
     generate_seconds: float = 0.0
     reward_seconds: float = 0.0
+    reward_wait_seconds: float = 0.0
+    pending: PendingScores | None = None  # scoring submitted, not collected yet
+    sync: Metrics = field(default_factory=dict)
+    """What loading the trainer's weights into the engine took (see sync_engine_weights)."""
 
 
 @dataclass
 class _PolicyStats:
-    """Per-token statistics of the policy before its update, over completion tokens."""
+    """Per-token statistics of the policy before its update, over completion tokens.
 
-    gap: float = 0.0
-    entropy_sum: float = 0.0
-    kl_sum: float = 0.0
-    tokens: float = 0.0
+    Sums stay on the device while micro-batches are added and are read once, in
+    :meth:`metrics`, so collecting them adds no host synchronisation to the update.
+    """
+
+    sums: torch.Tensor | None = None  # [gap (max), entropy, kl, tokens]
     with_kl: bool = False
 
     def add(self, batch: PolicyBatch, logprobs: torch.Tensor, entropy: torch.Tensor | None,
@@ -96,22 +110,30 @@ class _PolicyStats:
         logprobs = logprobs.detach().float()
         mask = batch["completion_mask"].to(logprobs.device)
         engine = batch["engine_logprobs"].to(logprobs.device)
-        self.gap = max(self.gap, float(((logprobs - engine).abs() * mask).max()))
-        self.tokens += float(mask.sum())
-        if entropy is not None:
-            self.entropy_sum += float((entropy.detach().float() * mask).sum())
+        zero = logprobs.new_zeros(())
+        gap = ((logprobs - engine).abs() * mask).max()
+        entropy_sum = (entropy.detach().float() * mask).sum() if entropy is not None else zero
+        kl_sum = zero
         if ref_logprobs is not None:
             kl = kl_estimate(logprobs, ref_logprobs.to(logprobs.device).float(),
                              estimator)  # type: ignore[arg-type]
-            self.kl_sum += float((kl * mask).sum())
+            kl_sum = (kl * mask).sum()
             self.with_kl = True
+        step = torch.stack([gap, entropy_sum, kl_sum, mask.sum()])
+        if self.sums is None:
+            self.sums = step
+        else:
+            self.sums = torch.cat([torch.maximum(self.sums[:1], step[:1]),
+                                   self.sums[1:] + step[1:]])
 
     def metrics(self) -> Metrics:
         """``rollout/logprob_gap``, ``entropy`` and (with a reference) ``kl``."""
-        count = max(self.tokens, 1.0)
-        out: Metrics = {"rollout/logprob_gap": self.gap, "entropy": self.entropy_sum / count}
+        gap, entropy_sum, kl_sum, tokens = self.sums.tolist() if self.sums is not None \
+            else (0.0, 0.0, 0.0, 0.0)
+        count = max(tokens, 1.0)
+        out: Metrics = {"rollout/logprob_gap": gap, "entropy": entropy_sum / count}
         if self.with_kl:
-            out["kl"] = self.kl_sum / count
+            out["kl"] = kl_sum / count
         return out
 
 
@@ -163,15 +185,18 @@ class GRPO:
         backend = _backend(ctx)
         started = time.perf_counter()
         rollout = self._rollout(ctx)
-        rows = self._training_rows(rollout)
+        scored = rollout.pending is None
+        rows = self._training_rows(rollout) if scored else self._unscored_rows(rollout)
         metrics: Metrics = {}
-        metrics.update(self._rollout_metrics(rollout))
         stats = _PolicyStats()
         logprob_started = time.perf_counter()
         if rows:
             self._old_logprobs(ctx, backend, rows, stats)
+        metrics["time/logprob_s"] = time.perf_counter() - logprob_started
+        if not scored:
+            rows = self._collect_rewards(ctx, rollout, rows)
+        metrics.update(self._rollout_metrics(rollout))
         update_started = time.perf_counter()
-        metrics["time/logprob_s"] = update_started - logprob_started
         if rows:
             metrics.update(self._update(ctx, backend, rows, stats))
             metrics.update(stats.metrics())
@@ -197,9 +222,7 @@ class GRPO:
         backend = _backend(ctx)
         assert ctx.engine is not None
         out = _Rollout()
-        generate_started = time.perf_counter()
-        sync_engine_weights(ctx.engine, backend)
-        out.generate_seconds += time.perf_counter() - generate_started
+        out.sync = sync_engine_weights(ctx.engine, backend)
         rounds = cfg.max_sampling_rounds if cfg.dynamic_sampling else 1
         per_rank = cfg.prompts_per_step // backend.world_size
         for round_index in range(rounds):
@@ -212,7 +235,10 @@ class GRPO:
                 ctx, samples, seed=step_seed(ctx, round_index), encoded=encoded
             )
             reward_started = time.perf_counter()
-            groups = score_groups(ctx, samples, encoded, completions)
+            if cfg.dynamic_sampling:
+                groups = score_groups(ctx, samples, encoded, completions)
+            else:  # one round: collected after the log-prob passes (see step)
+                groups, out.pending = submit_groups(ctx, samples, encoded, completions)
             out.reward_seconds += time.perf_counter() - reward_started
             out.generate_seconds += reward_started - generate_started
             out.generated_tokens += sum(len(c.token_ids) for g in groups for c in g.completions)
@@ -263,6 +289,29 @@ class GRPO:
         group_size = len(groups[0].completions)
         advantages = group_advantages(rewards, group_size, scale=self.config.scale_rewards)
         return policy_rows(groups, advantages.tolist(), mask_truncated=self.config.mask_truncated)
+
+    def _unscored_rows(self, rollout: _Rollout) -> list[PolicyRow]:
+        """Training rows before the rewards are in (advantage 0), for the log-prob passes."""
+        groups = [rollout.groups[i] for i in rollout.kept]
+        count = sum(len(g.completions) for g in groups)
+        return policy_rows(groups, [0.0] * count, mask_truncated=self.config.mask_truncated)
+
+    def _collect_rewards(self, ctx: RunContext, rollout: _Rollout,
+                         unscored: Sequence[PolicyRow]) -> list[PolicyRow]:
+        """Wait for the submitted rewards, then the training rows with their advantages and
+        the log-probs already computed for ``unscored``."""
+        assert rollout.pending is not None
+        waited = time.perf_counter()
+        collect_groups(ctx, rollout.groups, rollout.pending)
+        rollout.pending = None
+        rollout.reward_wait_seconds = time.perf_counter() - waited
+        rollout.reward_seconds += rollout.reward_wait_seconds
+        rows = self._training_rows(rollout)
+        computed = {(r.group, id(r.completion)): r for r in unscored}
+        for row in rows:
+            done = computed[(row.group, id(row.completion))]
+            row.old_logprobs, row.ref_logprobs = done.old_logprobs, done.ref_logprobs
+        return rows
 
     # --- log-probs before the update ------------------------------------------------------
 
@@ -387,6 +436,8 @@ class GRPO:
             ),
             "time/rollout_s": rollout.generate_seconds,
             "time/reward_s": rollout.reward_seconds,
+            "time/reward_wait_s": rollout.reward_wait_seconds,
+            **rollout.sync,
         })
         return metrics
 

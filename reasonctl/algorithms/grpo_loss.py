@@ -198,14 +198,14 @@ def policy_loss(
     loss = policy_term
     count = mask_f.sum().clamp(min=1.0)
 
-    def token_mean(values: torch.Tensor) -> float:
-        return float((values.detach() * mask_f).sum() / count)
+    def token_mean(values: torch.Tensor) -> torch.Tensor:
+        return (values.detach() * mask_f).sum() / count
 
     with torch.no_grad():
         low = ((ratio < 1.0 - s.epsilon_low) & (adv < 0)).to(mask_f.dtype)
         high = ((ratio > 1.0 + s.epsilon_high) & (adv > 0)).to(mask_f.dtype)
     metrics = {
-        "loss/policy": float(policy_term.detach()),
+        "loss/policy": policy_term.detach(),
         "clip_frac/low": token_mean(low),
         "clip_frac/high": token_mean(high),
         "ratio/mean": token_mean(ratio),
@@ -216,7 +216,7 @@ def policy_loss(
         if s.kl_beta:
             kl_term = agg(kl)
             loss = loss + s.kl_beta * kl_term
-            metrics["loss/kl"] = float(kl_term.detach())
+            metrics["loss/kl"] = kl_term.detach()
     if entropy is not None:
         metrics["entropy"] = token_mean(entropy)
         if s.entropy_bonus:

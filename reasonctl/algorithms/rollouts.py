@@ -13,21 +13,33 @@ completions and their rewards. Typical use in an algorithm's ``step``::
 
     samples = shard([ctx.dataset[i] for i in sampler.take(prompts)], rank, world_size)
     groups = sample_groups(ctx, samples, seed=step_seed(ctx, 0))
+
+An algorithm that can do useful work before it needs the rewards splits the scoring:
+:func:`submit_groups` starts it right after :func:`generate_completions` (rewards that
+score elsewhere, such as ``remote``, run meanwhile) and :func:`collect_groups` waits for it.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from reasonctl.core.errors import ReasonctlError
-from reasonctl.core.protocols import shares_policy_weights
+from reasonctl.core.protocols import (
+    changed_state_dict,
+    shares_policy_weights,
+    updates_changed_weights,
+)
 from reasonctl.core.types import Completion, Metrics, RolloutGroup, Sample, SamplingParams
 
 if TYPE_CHECKING:
+    import torch
+
     from reasonctl.core.config import RunConfig
     from reasonctl.core.protocols import Backend, Processor, RolloutEngine, RunContext
+    from reasonctl.core.reward_set import PendingScores
     from reasonctl.data.processing import EncodedSample
 
 
@@ -61,10 +73,40 @@ def mix_seed(run_seed: int, *parts: int) -> int:
     return value
 
 
-def sync_engine_weights(engine: RolloutEngine, backend: Backend) -> None:
-    """Load the trainer's current weights into ``engine`` unless it shares them already."""
-    if not shares_policy_weights(engine):
-        engine.update_weights(backend.full_state_dict())
+def sync_engine_weights(engine: RolloutEngine, backend: Backend) -> Metrics:
+    """Load the trainer's current weights into ``engine`` unless it shares them already.
+
+    Only the changed tensors are sent when the backend knows them (LoRA: the merged
+    weights of the adapted layers) and the engine can take a subset; otherwise every
+    tensor. Returns ``time/weight_sync_s``, ``weight_sync/tensors`` and ``weight_sync/mb``
+    (empty when the engine shares the trainer's weights).
+    """
+    if shares_policy_weights(engine):
+        return {}
+    started = time.perf_counter()
+    changed = changed_state_dict(backend) if updates_changed_weights(engine) else None
+    sent = _Counted(changed if changed is not None else backend.full_state_dict())
+    if changed is not None:
+        engine.update_changed_weights(sent)  # type: ignore[attr-defined]
+    else:
+        engine.update_weights(sent)
+    return {"time/weight_sync_s": time.perf_counter() - started,
+            "weight_sync/tensors": float(sent.tensors), "weight_sync/mb": sent.bytes / 1e6}
+
+
+class _Counted:
+    """Passes named tensors through, counting them and their bytes."""
+
+    def __init__(self, named: Iterator[tuple[str, torch.Tensor]]) -> None:
+        self.named = named
+        self.tensors = 0
+        self.bytes = 0
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self.named:
+            self.tensors += 1
+            self.bytes += tensor.numel() * tensor.element_size()
+            yield name, tensor
 
 
 def sample_groups(
@@ -162,22 +204,42 @@ def score_groups(
     completions: Sequence[Sequence[Completion]],
 ) -> list[RolloutGroup]:
     """Score each prompt's completions with the run's reward set and group them."""
+    groups, pending = submit_groups(ctx, samples, encoded, completions)
+    collect_groups(ctx, groups, pending)
+    return groups
+
+
+def submit_groups(
+    ctx: RunContext,
+    samples: Sequence[Sample],
+    encoded: Sequence[EncodedSample],
+    completions: Sequence[Sequence[Completion]],
+) -> tuple[list[RolloutGroup], PendingScores]:
+    """The groups of a rollout, not scored yet, and their scoring started
+    (:meth:`RewardSet.submit`); :func:`collect_groups` fills in the rewards."""
     assert ctx.rewards is not None
     texts = [c.text for group in completions for c in group]
     repeated = [s for s, group in zip(samples, completions, strict=True) for _ in group]
-    scores = ctx.rewards.score(texts, repeated)
-    groups: list[RolloutGroup] = []
+    pending = ctx.rewards.submit(texts, repeated)
+    groups = [
+        RolloutGroup(sample=sample, prompt_ids=list(prompt.input_ids), completions=list(group),
+                     prompt=prompt)
+        for sample, prompt, group in zip(samples, encoded, completions, strict=True)
+    ]
+    return groups, pending
+
+
+def collect_groups(ctx: RunContext, groups: Sequence[RolloutGroup],
+                   pending: PendingScores) -> None:
+    """Wait for the scores of :func:`submit_groups` and set each group's rewards."""
+    assert ctx.rewards is not None
+    scores = ctx.rewards.collect(pending)
     offset = 0
-    for sample, prompt, group in zip(samples, encoded, completions, strict=True):
-        end = offset + len(group)
-        groups.append(RolloutGroup(
-            sample=sample, prompt_ids=list(prompt.input_ids), completions=list(group),
-            rewards=scores.totals[offset:end],
-            reward_components={k: v[offset:end] for k, v in scores.components.items()},
-            prompt=prompt,
-        ))
+    for group in groups:
+        end = offset + len(group.completions)
+        group.rewards = scores.totals[offset:end]
+        group.reward_components = {k: v[offset:end] for k, v in scores.components.items()}
         offset = end
-    return groups
 
 
 def has_variance(rewards: Sequence[float]) -> bool:

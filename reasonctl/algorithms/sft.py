@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 from reasonctl.algorithms.sampling import BatchLayout, EpochSampler
+from reasonctl.algorithms.sft_batches import StepBatches, sequence_ids
 from reasonctl.algorithms.sft_config import SFTConfig
-from reasonctl.core.errors import ConfigError, DataError
+from reasonctl.core.errors import ConfigError
 from reasonctl.core.protocols import (
     Backend,
     Dataset,
@@ -27,9 +28,6 @@ from reasonctl.core.protocols import (
     TokenOutputs,
 )
 from reasonctl.core.types import Metrics
-from reasonctl.data.collate import collate
-from reasonctl.data.processing import EncodedSample
-from reasonctl.data.rows import split_problem
 
 
 class SFTAlgorithm:
@@ -45,8 +43,10 @@ class SFTAlgorithm:
         self.loss_reduction = (config or SFTConfig()).loss_reduction
         self.processor: Processor | None = None
         self.dataset: Dataset | None = None
-        self.sampler: EpochSampler | None = None
         self.layout: BatchLayout | None = None
+        self.batches: StepBatches | None = None
+        self.position: dict[str, Any] | None = None
+        """The data order's position after the last trained step (what a checkpoint holds)."""
         self.skipped_samples = 0
         self.truncated_samples = 0
 
@@ -64,7 +64,13 @@ class SFTAlgorithm:
         if size == 0:
             raise ConfigError([f"data.format = {config.data.format!r}: the dataset is empty"])
         self.layout = BatchLayout.from_train(config.train, backend.world_size)
-        self.sampler = EpochSampler(size, seed=config.run.seed, shuffle=config.data.shuffle)
+        sampler = EpochSampler(size, seed=config.run.seed, shuffle=config.data.shuffle)
+        self.position = sampler.state_dict()
+        self.batches = StepBatches(
+            self.dataset, self.processor, sampler, self.layout, backend.rank,
+            pack=config.data.packing, skip_bad_rows=config.data.on_bad_row == "skip",
+            pin_memory=backend.device.type == "cuda",
+        )
         global_batch = self.layout.global_batch_size
         if config.train.max_steps is not None:
             total = config.train.max_steps
@@ -93,33 +99,24 @@ class SFTAlgorithm:
     # --- the step -------------------------------------------------------------------------
 
     def step(self, ctx: RunContext) -> Metrics:
-        """Encode this rank's share of the next global batch and take one optimizer step."""
+        """Take this rank's share of the next global batch (prepared ahead) and one step."""
         backend = _backend(ctx)
-        sampler, layout, processor = self._require()
+        batches = self._require_batches()
         started = time.perf_counter()
-        indices = layout.rank_slice(sampler.take(layout.global_batch_size), backend.rank)
-        encoded, skipped = self._encode(ctx, indices)
-        micro_batches = [
-            collate(chunk, processor.pad_id, pack=ctx.config.data.packing)
-            for chunk in layout.micro_chunks(encoded)
-        ]
+        prepared = batches.next()
         data_seconds = time.perf_counter() - started
-        local = {
-            "loss_tokens": float(sum(int(mb["loss_mask"][:, 1:].sum()) for mb in micro_batches)),
-            "target_samples": float(sum(_num_target_sequences(mb) for mb in micro_batches)),
-            "input_tokens": float(sum(len(e) for e in encoded)),
-            "samples": float(len(encoded)),
-            "truncated": float(sum(e.truncated for e in encoded)),
-            "skipped": float(skipped),
-        }
         totals = {k: round(v * backend.world_size)
-                  for k, v in backend.all_reduce_mean(local).items()}
+                  for k, v in backend.all_reduce_mean(prepared.counts).items()}
         loss_fn = self._loss_fn(totals)
-        result = backend.train_step(micro_batches, loss_fn)
+        result = backend.train_step(prepared.micro_batches, loss_fn)
         elapsed = time.perf_counter() - started
+        self.position = prepared.sampler_state
         self.truncated_samples += totals["truncated"]
         self.skipped_samples += totals["skipped"]
-        ctx.skipped_rows += totals["skipped"] - skipped  # this rank's are recorded already
+        for where, reason in prepared.skipped_reports:
+            ctx.record_skipped_row(where, reason)
+        # this rank's rows are recorded (and counted) above; other ranks' are only counted
+        ctx.skipped_rows += totals["skipped"] - len(prepared.skipped_reports)
         metrics: Metrics = {
             "loss": result["loss"],
             "lr": result["lr"],
@@ -127,7 +124,7 @@ class SFTAlgorithm:
             "tokens_per_s": totals["input_tokens"] / elapsed if elapsed > 0 else 0.0,
             "loss_tokens": float(totals["loss_tokens"]),
             "truncated": float(totals["truncated"]),
-            "epoch": sampler.epoch + sampler.index / sampler.size,
+            "epoch": prepared.epoch,
             "data_s": data_seconds,
         }
         if totals["skipped"]:
@@ -136,36 +133,6 @@ class SFTAlgorithm:
             metrics["skipped_update"] = result["skipped_update"]
         metrics.update(self._efficiency(backend, totals, elapsed))
         return metrics
-
-    def _encode(self, ctx: RunContext, indices: list[int]) -> tuple[list[EncodedSample], int]:
-        """Encode samples; with ``data.on_bad_row = "skip"`` a bad one becomes a no-target stand-in.
-
-        A stand-in (the previous good sample with its targets masked out) keeps the number of
-        micro-batches equal on every rank, which collective backends require, without
-        changing the loss.
-        """
-        assert self.dataset is not None and self.processor is not None
-        encoded: list[EncodedSample | None] = []
-        skipped = 0
-        for index in indices:
-            sample = self.dataset[index]
-            try:
-                encoded.append(self.processor.encode_sft(sample))
-            except DataError as exc:
-                if ctx.config.data.on_bad_row != "skip":
-                    raise
-                ctx.record_skipped_row(*split_problem(exc, sample.source))
-                skipped += 1
-                encoded.append(None)
-        good = [e for e in encoded if e is not None]
-        filler = good[0] if good else EncodedSample([self.processor.pad_id] * 2, [0, 0])
-        out: list[EncodedSample] = []
-        for item in encoded:
-            if item is None:
-                item = EncodedSample(list(filler.input_ids), [0] * len(filler.input_ids),
-                                     dict(filler.extras))
-            out.append(item)
-        return out, skipped
 
     def _loss_fn(self, totals: dict[str, int]) -> Any:
         tokens = max(1, totals["loss_tokens"])
@@ -177,7 +144,7 @@ class SFTAlgorithm:
             nll = -(outputs.logprobs * mask)
             if not per_sample:
                 return nll.sum() / tokens, {}
-            ids, count = _sequence_ids(batch)
+            ids, count = sequence_ids(batch)
             ids = ids[:, 1:].reshape(-1)
             sums = torch.zeros(count, dtype=nll.dtype, device=nll.device)
             sizes = torch.zeros(count, dtype=nll.dtype, device=nll.device)
@@ -202,51 +169,38 @@ class SFTAlgorithm:
     # --- state ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Data position and running counts (JSON-serialisable)."""
-        sampler, _, _ = self._require()
+        """Data position after the last trained step and running counts (JSON-serialisable)."""
+        if self.position is None:
+            raise RuntimeError("SFTAlgorithm.setup(ctx) must run before state_dict")
         return {
-            "sampler": sampler.state_dict(),
+            "sampler": dict(self.position),
             "skipped_samples": self.skipped_samples,
             "truncated_samples": self.truncated_samples,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict` output."""
-        sampler, _, _ = self._require()
+        batches = self._require_batches()
         if "sampler" in state:
-            sampler.load_state_dict(state["sampler"])
+            batches.restart_at(state["sampler"])
+            self.position = dict(state["sampler"])
         self.skipped_samples = int(state.get("skipped_samples", 0))
         self.truncated_samples = int(state.get("truncated_samples", 0))
 
+    def close(self) -> None:
+        """Stop preparing batches."""
+        if self.batches is not None:
+            self.batches.close()
+
     # --- helpers --------------------------------------------------------------------------
 
-    def _require(self) -> tuple[EpochSampler, BatchLayout, Processor]:
-        if self.sampler is None or self.layout is None or self.processor is None:
-            raise RuntimeError("SFTAlgorithm.setup(ctx) must run before step/state_dict")
-        return self.sampler, self.layout, self.processor
+    def _require_batches(self) -> StepBatches:
+        if self.batches is None:
+            raise RuntimeError("SFTAlgorithm.setup(ctx) must run before step/load_state_dict")
+        return self.batches
 
 
 def _backend(ctx: RunContext) -> Backend:
     if ctx.backend is None:
         raise RuntimeError("the run context has no backend; the runner sets it before setup")
     return ctx.backend
-
-
-def _sequence_ids(batch: dict[str, Any]) -> tuple[torch.Tensor, int]:
-    """Per-token sequence index (rows, or packed samples split where positions restart)."""
-    input_ids = batch["input_ids"]
-    if "position_ids" in batch and "attention_mask" not in batch:
-        starts = (batch["position_ids"] == 0).long()
-        ids = starts.cumsum(dim=-1) - 1
-        return ids.clamp(min=0), int(starts.sum())
-    rows, width = input_ids.shape
-    ids = torch.arange(rows, device=input_ids.device).unsqueeze(1).expand(rows, width)
-    return ids, rows
-
-
-def _num_target_sequences(batch: dict[str, Any]) -> int:
-    ids, count = _sequence_ids(batch)
-    targets = batch["loss_mask"][:, 1:]
-    has = torch.zeros(count, dtype=torch.long)
-    has.index_add_(0, ids[:, 1:].reshape(-1).cpu(), targets.reshape(-1).cpu().long())
-    return int((has > 0).sum())

@@ -10,6 +10,8 @@ Checkpoint layout (``<step dir>/state``): a DCP checkpoint of ``{"model", "optim
 "scheduler"}`` where model and optimizer state come from
 ``torch.distributed.checkpoint.state_dict.get_state_dict`` (keyed by parameter name), so a
 checkpoint written by N processes loads into M processes or into the single-device backend.
+With ``[model.lora]`` (:mod:`reasonctl.backends.lora`) the model state holds only the
+trainable tensors (adapters, modules to save): the frozen base comes from the model source.
 """
 
 from __future__ import annotations
@@ -24,10 +26,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.tensor import DTensor
 
 from reasonctl.backends.distributed import barrier_all, mean_over_processes
 from reasonctl.backends.export import DEFAULT_MAX_SHARD_SIZE, save_hf_export
+from reasonctl.backends.lora import AdaptersOff, LoraState, base_model_reference
 from reasonctl.backends.perf import peak_flops, training_flops
 from reasonctl.backends.reference import ReferenceWeights
 from reasonctl.backends.token_logprobs import TokenLogprobModel, TokenLogprobs
@@ -58,8 +66,10 @@ class TorchBackend:
         self.tied_groups: list[list[str]] = []
         self.grad_scale = 1.0
         """Multiplier on each micro-batch loss that undoes data-parallel gradient averaging."""
-        self.reference_weights: ReferenceWeights | None = None
+        self.reference_weights: ReferenceWeights | AdaptersOff | None = None
         """Frozen copy of the starting weights (see :meth:`build_reference_model`)."""
+        self.lora: LoraState | None = None
+        """The adapters, with ``[model.lora]`` (set by :meth:`build`)."""
         self.generation_model: torch.nn.Module | None = None
         """The module a colocated rollout engine may call directly (see ``Backend``)."""
         self._checkpoint_group: Any = None
@@ -107,8 +117,12 @@ class TorchBackend:
 
         Algorithms call it in ``setup``, before a resumed run loads its checkpoint, so the
         reference is the starting model. The copy has the policy's layout (sharded under
-        FSDP) and costs one more set of parameters, no optimizer state.
+        FSDP) and costs one more set of parameters, no optimizer state. With LoRA the
+        reference is the base model, i.e. the policy with its adapters off: no copy.
         """
+        if self.lora is not None:
+            self.reference_weights = AdaptersOff(self.lora)
+            return
         self.reference_weights = ReferenceWeights(lambda: self._policy().parameters(),
                                                   before_swap=self._reshard)
 
@@ -137,7 +151,7 @@ class TorchBackend:
         policy.train()
         lr = float(optimizer.param_groups[0]["lr"])
         loss_total = torch.zeros((), dtype=torch.float64, device=self.device)
-        metric_sums: dict[str, float] = {}
+        metric_sums: dict[str, Any] = {}
         for micro_batch in micro_batches:
             batch = self.to_device(micro_batch)
             with self.autocast():
@@ -145,20 +159,35 @@ class TorchBackend:
             loss, metrics = loss_fn(outputs, batch)
             (loss * self.grad_scale).backward()
             loss_total += loss.detach().to(torch.float64)
-            for key, value in metrics.items():
-                metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
+            for key, value in metrics.items():  # tensors stay on the device until the end
+                value = value.detach() if isinstance(value, torch.Tensor) else value
+                metric_sums[key] = metric_sums.get(key, 0.0) + value
         grad_norm = self.clip_gradients()
-        finite = bool(torch.isfinite(grad_norm))
-        if finite:
+        finite = torch.isfinite(grad_norm)
+        skips_on_device = _skips_on_device(optimizer)
+        if skips_on_device:  # the fused step skips itself when found_inf is set: no host sync
+            optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
+            optimizer.step()
+            del optimizer.found_inf  # type: ignore[attr-defined]
+        elif bool(finite):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
+        # one host read per step for everything the metrics need
+        keys = list(metric_sums)
+        values = torch.stack(
+            [loss_total.float(), grad_norm.detach().float().to(loss_total.device),
+             finite.float().to(loss_total.device)]
+            + [torch.as_tensor(metric_sums[k], dtype=torch.float32, device=loss_total.device)
+               for k in keys]
+        ).tolist()
+        loss_value, norm_value, finite_value = values[:3]
         count = len(micro_batches)
-        local = {k: v / count for k, v in metric_sums.items()}
-        local["loss"] = float(loss_total) * self.world_size  # the mean over ranks = sum / world
+        local = {k: v / count for k, v in zip(keys, values[3:], strict=True)}
+        local["loss"] = loss_value * self.world_size  # the mean over ranks = sum / world
         reduced = self.all_reduce_mean(local)
-        reduced.update(grad_norm=float(grad_norm), lr=lr)
-        if not finite:
+        reduced.update(grad_norm=norm_value, lr=lr)
+        if not finite_value:
             reduced["skipped_update"] = 1.0
         return reduced
 
@@ -179,7 +208,7 @@ class TorchBackend:
             squares = squares + part.float().pow(2)
         norm = squares.sqrt()
         max_norm = self._ctx().config.train.max_grad_norm
-        if max_norm > 0 and torch.isfinite(norm):
+        if max_norm > 0:  # a non-finite norm skips the whole step, so clipping it is harmless
             for group in by_mesh.values():
                 torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
         return norm
@@ -196,9 +225,13 @@ class TorchBackend:
         barrier_all()
 
     def training_flops(self, tokens: int, mean_seq_len: float) -> float:
-        """Approximate model FLOPs of a training step over ``tokens`` tokens."""
-        return training_flops(self.parameter_counts.total, self.hf_model.config, tokens,
-                              mean_seq_len)
+        """Approximate model FLOPs of a training step over ``tokens`` tokens (with LoRA the
+        frozen base costs 4 FLOPs per parameter and token, no weight gradients)."""
+        counts = self.parameter_counts
+        params = float(counts.total)
+        if self.lora is not None:
+            params = counts.trainable + (counts.total - counts.trainable) * 2 / 3
+        return training_flops(int(params), self.hf_model.config, tokens, mean_seq_len)
 
     def peak_flops(self) -> float | None:
         """Peak bf16 FLOP/s of one device of this backend (``None`` on CPU or unknown)."""
@@ -223,7 +256,7 @@ class TorchBackend:
         on disk.
         """
         self._reshard()
-        model_state, optim_state = get_state_dict(self._policy(), self._optimizer())
+        model_state, optim_state = self._checkpoint_state()
         state = {"model": model_state, "optimizer": optim_state,
                  "scheduler": self._scheduler().state_dict()}
         distributed = dist.is_initialized()
@@ -244,28 +277,41 @@ class TorchBackend:
             raise FileNotFoundError(f"checkpoint state directory {directory} does not exist")
         self._reshard()
         policy, optimizer, scheduler = self._policy(), self._optimizer(), self._scheduler()
-        model_state, optim_state = get_state_dict(policy, optimizer)
+        model_state, optim_state = self._checkpoint_state()
         state = {"model": model_state, "optimizer": optim_state,
                  "scheduler": scheduler.state_dict()}
         with _single_process_dcp_quiet():
             dcp.load(state, checkpoint_id=str(directory), no_dist=not dist.is_initialized())
         set_state_dict(policy, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
+                       optim_state_dict=state["optimizer"], options=self._state_options(load=True))
         scheduler.load_state_dict(state["scheduler"])
 
     # --- weights out ----------------------------------------------------------------------
 
     def export(self, directory: Path) -> None:
-        """Write a Hugging Face model directory on the main rank (all ranks call it)."""
+        """Write a Hugging Face model directory on the main rank (all ranks call it).
+
+        With LoRA: the merged model, or with ``model.lora.export = "adapter"`` a peft
+        adapter directory.
+        """
         state = self.gather_full_state_dict()
         if self.is_main:
             ctx = self._ctx()
             assert self.source is not None
-            save_hf_export(
-                Path(directory), state, hf_model=self.hf_model, source=self.source,
-                dtype=self.export_dtype(ctx.config.checkpoint.export_dtype),
-                tied_groups=self.tied_groups, max_shard_size=self.export_shard_size,
-            )
+            dtype = self.export_dtype(ctx.config.checkpoint.export_dtype)
+            if self.lora is not None and self.lora.section.export == "adapter":
+                self.lora.save_adapter(
+                    Path(directory), state, dtype=dtype, source=self.source,
+                    base_model=base_model_reference(ctx.config.model.name_or_path, self.source),
+                )
+            else:
+                if self.lora is not None:
+                    state = dict(self.lora.merged(state.items()))
+                save_hf_export(
+                    Path(directory), state, hf_model=self.hf_model, source=self.source,
+                    dtype=dtype, tied_groups=self.tied_groups,
+                    max_shard_size=self.export_shard_size,
+                )
         self.barrier()
 
     def export_dtype(self, name: str) -> torch.dtype:
@@ -275,12 +321,52 @@ class TorchBackend:
         return getattr(torch, name)
 
     def gather_full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full CPU tensors by Hugging Face name on the main rank (empty on others)."""
+        """Full CPU tensors of the model's own state on the main rank (empty on others);
+        with LoRA the names are the adapted model's (see :mod:`reasonctl.backends.lora`)."""
         raise NotImplementedError
 
     def full_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield full parameters and buffers by Hugging Face name (all ranks iterate)."""
+        """Yield full parameters and buffers by Hugging Face name (all ranks iterate).
+
+        With LoRA these are the merged model's tensors.
+        """
+        if self.lora is not None:
+            return self.lora.merged(self._full_tensors())
+        return self._full_tensors()
+
+    def changed_state_dict(self) -> Iterator[tuple[str, torch.Tensor]] | None:
+        """Only the tensors that differ from the source model, by Hugging Face name, or
+        ``None`` when any may differ (full-weight training).
+
+        With LoRA: the merged weights of the adapted layers (computed from the adapters)
+        and the modules trained in full. All ranks iterate to the end.
+        """
+        if self.lora is None:
+            return None
+        self._reshard()
+        return self.lora.changed(_full_tensor)
+
+    def _full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield the model's own full tensors by name (all ranks iterate)."""
         raise NotImplementedError
+
+    def _state_options(self, *, load: bool = False) -> StateDictOptions | None:
+        """With LoRA checkpoints hold only trainable state (the base is not saved; on load
+        the frozen weights are absent, while ``dcp.load`` has checked the trainable ones)."""
+        if self.lora is None:
+            return None
+        return StateDictOptions(ignore_frozen_params=True, strict=not load)
+
+    def _checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Model and optimizer state as checkpoints hold them (DCP-ready, by name)."""
+        policy = self._policy()
+        model_state, optim_state = get_state_dict(policy, self._optimizer(),
+                                                  options=self._state_options())
+        if self.lora is not None:  # tied aliases of frozen weights are frozen too
+            trainable = {n for n, p in policy.named_parameters(remove_duplicate=False)
+                         if p.requires_grad}
+            model_state = {k: v for k, v in model_state.items() if k in trainable}
+        return model_state, optim_state
 
     def close(self) -> None:
         """Release the model and optimizer."""
@@ -288,6 +374,7 @@ class TorchBackend:
         self.policy = self.hf_model = self.generation_model = None
         self.optimizer = self.scheduler = None
         self.reference_weights = None
+        self.lora = None
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -315,6 +402,11 @@ class TorchBackend:
         return self.scheduler
 
 
+def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole of a (possibly sharded) tensor (a collective for a sharded one)."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor.detach()
+
+
 _NO_PROCESS_GROUP_NOTICE = r"torch\.distributed is (disabled|unavailable)"
 
 
@@ -324,3 +416,11 @@ def _single_process_dcp_quiet() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NO_PROCESS_GROUP_NOTICE)
         yield
+
+
+def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` is a fused CUDA optimizer that honours ``found_inf`` (as for
+    gradient scaling), so a non-finite step can be skipped without reading the norm."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and all(
+        group.get("fused", False) for group in optimizer.param_groups
+    )

@@ -1,9 +1,11 @@
 """FSDP2 / HSDP backend: parameters, gradients and optimizer state sharded over ranks.
 
 Composition, in torchtitan's order: build the model (real weights on rank 0, on the meta
-device elsewhere) -> freeze patterns -> activation checkpointing -> ``train.compile`` of
-each block's training forward (:mod:`reasonctl.backends.compile`) -> ``fully_shard`` each
-transformer block (the classes in the model's ``_no_split_modules``) and then the root
+device elsewhere) -> freeze patterns, or LoRA adapters with ``[model.lora]`` (the frozen
+base is sharded like any weight; checkpoints hold only the adapters) -> activation
+checkpointing -> ``train.compile`` of each block's training forward
+(:mod:`reasonctl.backends.compile`) -> ``fully_shard`` each transformer block (the
+classes in the model's ``_no_split_modules``) and then the root
 (embeddings, final norm, output projection, vision merger) -> allocate the shards ->
 broadcast the weights from rank 0 into them.
 
@@ -43,6 +45,7 @@ from reasonctl.backends.base import TorchBackend
 from reasonctl.backends.compile import compile_blocks
 from reasonctl.backends.distributed import init_process_group, resolve_device
 from reasonctl.backends.export import tied_parameter_groups
+from reasonctl.backends.lora import LoraState
 from reasonctl.backends.optim import build_optimizer, build_scheduler
 from reasonctl.backends.tensor_parallel import parallelize_blocks
 from reasonctl.backends.token_logprobs import TokenLogprobModel
@@ -51,6 +54,7 @@ from reasonctl.core.protocols import RunContext
 from reasonctl.models.loading import (
     apply_trainable_patterns,
     compute_dtype,
+    count_parameters,
     enable_gradient_checkpointing,
     ensure_model_source,
     load_pretrained,
@@ -105,12 +109,23 @@ class FSDPBackend(TorchBackend):
         on_meta = self.rank != 0
         hf_model = load_pretrained(self.source.model_dir, config.model,
                                    param_dtype=torch.float32, device="cpu", on_meta=on_meta)
+        self.tied_groups = tied_parameter_groups(hf_model)
+        if config.model.lora is not None:
+            if self.tp > 1:
+                raise ConfigError([
+                    "backend.fsdp.tp: tensor parallelism does not split LoRA layers; use "
+                    "tp = 1 with [model.lora] (the frozen base is sharded by FSDP)"
+                ])
+            self.lora = LoraState.attach(hf_model, config.model.lora, seed=config.run.seed,
+                                         trainable_dtype=torch.float32)
+            self.parameter_counts = count_parameters(hf_model)
+        else:
+            self.parameter_counts = apply_trainable_patterns(
+                hf_model, freeze=config.model.freeze, trainable=config.model.trainable
+            )
         full_state = {} if on_meta else {
             POLICY_PREFIX + k: v for k, v in hf_model.state_dict().items()
         }
-        self.parameter_counts = apply_trainable_patterns(
-            hf_model, freeze=config.model.freeze, trainable=config.model.trainable
-        )
         if self.tp > 1:
             # DTensor notes every two-dimensional gather or norm as "suboptimal" (it takes
             # one collective per mesh dimension) at warning level, on every rank
@@ -123,7 +138,6 @@ class FSDPBackend(TorchBackend):
             enable_gradient_checkpointing(hf_model)
         if config.train.compile:
             compile_blocks(hf_model)
-        self.tied_groups = tied_parameter_groups(hf_model)
         self.hf_model = hf_model
         self.policy = TokenLogprobModel(hf_model, chunk_tokens=self.chunk_tokens)
         self._shard(self.policy, compute_dtype(config.model.dtype, self.device))
@@ -215,8 +229,8 @@ class FSDPBackend(TorchBackend):
         )
         return {k.removeprefix(POLICY_PREFIX): v for k, v in state.items()}
 
-    def full_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield each full tensor by Hugging Face name, all-gathered one at a time.
+    def _full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield each full tensor by name, all-gathered one at a time.
 
         Collective: every rank must consume the iterator to the end in the same order.
         """

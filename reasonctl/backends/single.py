@@ -13,6 +13,7 @@ from reasonctl.backends.base import TorchBackend
 from reasonctl.backends.compile import compile_blocks
 from reasonctl.backends.distributed import resolve_device
 from reasonctl.backends.export import tied_parameter_groups
+from reasonctl.backends.lora import LoraState
 from reasonctl.backends.optim import build_optimizer, build_scheduler
 from reasonctl.backends.token_logprobs import TokenLogprobModel
 from reasonctl.core.errors import ReasonctlError
@@ -20,6 +21,7 @@ from reasonctl.core.protocols import RunContext
 from reasonctl.models.loading import (
     apply_trainable_patterns,
     compute_dtype,
+    count_parameters,
     enable_gradient_checkpointing,
     ensure_model_source,
     load_pretrained,
@@ -32,7 +34,9 @@ class SingleDeviceBackend(TorchBackend):
     Parameters are kept in float32 and matmuls run in ``model.dtype`` under autocast
     (``param_dtype = "float32"``, the default), or parameters and optimizer state are kept
     in ``model.dtype`` itself (``param_dtype = "compute"``: half the memory, faster, but
-    small updates can round away in bfloat16).
+    small updates can round away in bfloat16). With ``[model.lora]`` the frozen base
+    weights are kept in ``model.dtype`` and the adapters in the parameter dtype; the
+    rollout engine then keeps its own merged copy (``generation_model`` is ``None``).
     """
 
     def __init__(self, *, param_dtype: Literal["float32", "compute"] = "float32",
@@ -40,6 +44,7 @@ class SingleDeviceBackend(TorchBackend):
         super().__init__(chunk_tokens=chunk_tokens, export_shard_size=export_shard_size)
         self.param_dtype_mode = param_dtype
         self.compute_dtype = torch.float32
+        self._autocast = False
 
     def build(self, ctx: RunContext) -> None:
         """Load the model onto the device and create AdamW and the schedule."""
@@ -56,18 +61,30 @@ class SingleDeviceBackend(TorchBackend):
         self.compute_dtype = compute_dtype(config.model.dtype, self.device)
         param_dtype = torch.float32 if self.param_dtype_mode == "float32" else self.compute_dtype
         self.source = ensure_model_source(ctx)
-        hf_model = load_pretrained(self.source.model_dir, config.model, param_dtype=param_dtype,
-                                   device=self.device)
-        self.parameter_counts = apply_trainable_patterns(
-            hf_model, freeze=config.model.freeze, trainable=config.model.trainable
-        )
+        lora = config.model.lora
+        if lora is None:
+            hf_model = load_pretrained(self.source.model_dir, config.model,
+                                       param_dtype=param_dtype, device=self.device)
+            self.tied_groups = tied_parameter_groups(hf_model)
+            self.parameter_counts = apply_trainable_patterns(
+                hf_model, freeze=config.model.freeze, trainable=config.model.trainable
+            )
+        else:  # adapters are created on the CPU, so every device starts from the same ones
+            hf_model = load_pretrained(self.source.model_dir, config.model,
+                                       param_dtype=self.compute_dtype, device="cpu")
+            self.tied_groups = tied_parameter_groups(hf_model)
+            self.lora = LoraState.attach(hf_model, lora, seed=config.run.seed,
+                                         trainable_dtype=param_dtype)
+            hf_model.to(self.device)
+            self.parameter_counts = count_parameters(hf_model)
         if config.model.gradient_checkpointing:
             enable_gradient_checkpointing(hf_model)
         if config.train.compile:
             compile_blocks(hf_model)
-        self.tied_groups = tied_parameter_groups(hf_model)
         self.hf_model = hf_model
-        self.generation_model = hf_model
+        # LoRA layers would be bypassed by the engine's fused decode path: it keeps a copy
+        self.generation_model = hf_model if lora is None else None
+        self._autocast = any(p.dtype != self.compute_dtype for p in hf_model.parameters())
         self.policy = TokenLogprobModel(hf_model, chunk_tokens=self.chunk_tokens)
         self.optimizer = build_optimizer(self.policy.named_parameters(), config.train,
                                          device=self.device)
@@ -75,8 +92,7 @@ class SingleDeviceBackend(TorchBackend):
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Autocast to the compute dtype when parameters are kept in a wider dtype."""
-        params_dtype = next(self._policy().parameters()).dtype
-        if self.compute_dtype == params_dtype:
+        if not self._autocast:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
@@ -84,7 +100,7 @@ class SingleDeviceBackend(TorchBackend):
         """The model's state dict as CPU tensors (Hugging Face names)."""
         return {k: v.detach().cpu() for k, v in self.hf_model.state_dict().items()}
 
-    def full_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield the live parameters and buffers by Hugging Face name (no copies)."""
+    def _full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield the live parameters and buffers by name (no copies)."""
         for name, tensor in self.hf_model.state_dict().items():
             yield name, tensor.detach()

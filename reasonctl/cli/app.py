@@ -21,6 +21,7 @@ from reasonctl.cli.eval_cmd import eval_command
 from reasonctl.cli.export_cmd import export_command
 from reasonctl.cli.infer_cmd import infer_command
 from reasonctl.cli.plugins_cmd import plugins_command
+from reasonctl.cli.serve_rewards_cmd import serve_rewards_command
 from reasonctl.core.plugins import PluginHost, env_flag
 
 PLUGINS_PANEL = "Plugins"
@@ -79,6 +80,7 @@ def build_app(host: PluginHost) -> typer.Typer:
     app.command("eval")(handle_errors(eval_command))
     app.command("infer")(handle_errors(infer_command))
     app.command("export")(handle_errors(export_command))
+    app.command("serve-rewards")(serve_rewards_command)
     _add_plugin_commands(app, host)
     return app
 

@@ -29,12 +29,11 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from reasonctl.core.config import RunConfig
 from reasonctl.core.lifecycle import LifecycleHooks
 from reasonctl.core.registry import Registry
-from reasonctl.core.reward_set import RewardSet
 from reasonctl.core.types import (
     Completion,
     Metrics,
@@ -84,7 +83,7 @@ class RunContext:
     model_source: ModelSource | None = None
     processor: Processor | None = None
     dataset: Dataset | None = None
-    rewards: RewardSet | None = None
+    rewards: RewardScorer | None = None
     engine: RolloutEngine | None = None
     evaluator: Evaluator | None = None
     checkpoints: CheckpointManager | None = None
@@ -175,6 +174,17 @@ class DeclaresNeeds(Protocol):
 
 
 @runtime_checkable
+class Closes(Protocol):
+    """Optional for algorithms and rollout engines: release what they hold (worker threads,
+    server processes, device memory) when the run ends, whatever its outcome (default:
+    nothing to release)."""
+
+    def close(self) -> None:
+        """Release resources; called once by the runner at the end of the run."""
+        ...
+
+
+@runtime_checkable
 class ValidatesRunConfig(Protocol):
     """Optional for an algorithm's config model: problems of the whole run config that the
     algorithm can tell before any model or data is loaded (default: none), e.g. SFT's
@@ -245,6 +255,73 @@ class Reward(Protocol):
         ...
 
 
+MediaType = Literal["image", "video", "latent"]
+"""What a media reward's completions are (see :class:`ScoresMedia`)."""
+
+
+@runtime_checkable
+class ScoresMedia(Protocol):
+    """Optional for rewards: the completions are generated media, not text (default: text).
+
+    A reward with ``media_type`` receives numpy arrays as ``completions``, one per sample:
+    ``"image"``: ``uint8 [H, W, 3]``; ``"video"``: ``uint8 [T, H, W, 3]``; ``"latent"``:
+    ``float32`` of any shape (what a world model generates before decoding). The reward
+    service checks every request's arrays against the reward's ``media_type`` before the
+    reward sees them.
+    """
+
+    media_type: MediaType
+
+
+@runtime_checkable
+class SubmitsAsync(Protocol):
+    """Optional for rewards: scoring that runs elsewhere and can overlap training (default:
+    the reward is called synchronously).
+
+    :meth:`submit` starts scoring and returns at once with a handle; :meth:`collect` waits
+    for that handle's scores. :meth:`reasonctl.RewardSet.submit` submits every such reward
+    before it computes the local ones, and GRPO collects just before its update, so the
+    scoring overlaps the log-prob passes. ``__call__`` (the :class:`Reward` protocol) stays
+    required: it is ``collect(submit(...))``. A failure may surface in either method;
+    ``rewards.on_error`` applies to it as to a raising ``__call__``.
+    """
+
+    def submit(self, completions: Sequence[Any], samples: Sequence[Sample]) -> Any:
+        """Start scoring ``completions`` (answers to ``samples``); return a handle."""
+        ...
+
+    def collect(self, handle: Any) -> list[float | None]:
+        """The scores of a submitted batch, one per completion (``None``: does not apply)."""
+        ...
+
+
+@runtime_checkable
+class RewardScorer(Protocol):
+    """The run's configured rewards as one scorer (:class:`reasonctl.RewardSet`).
+
+    ``score`` returns a :class:`reasonctl.RewardScores` (weighted ``totals``, per-reward
+    ``components``, ``metrics``); ``submit``/``collect`` split it in two so asynchronous
+    rewards (``SubmitsAsync``) work while the caller does something else.
+    """
+
+    @property
+    def names(self) -> list[str]:
+        """Reward names in config order."""
+        ...
+
+    def score(self, completions: Sequence[Any], samples: Sequence[Sample]) -> Any:
+        """Score ``completions[i]`` as an answer to ``samples[i]`` with every reward."""
+        ...
+
+    def submit(self, completions: Sequence[Any], samples: Sequence[Sample]) -> Any:
+        """Start scoring; pass the result to :meth:`collect`."""
+        ...
+
+    def collect(self, pending: Any) -> Any:
+        """Finish what :meth:`submit` started."""
+        ...
+
+
 @runtime_checkable
 class Processor(Protocol):
     """The run's tokenizer/processor: chat template, tokenization, vision inputs.
@@ -302,7 +379,9 @@ LossFn = Callable[[TokenOutputs, Any], "tuple[torch.Tensor, Metrics]"]
 :meth:`Backend.train_step`, moved to the backend's device. The backend sums the returned
 losses over all micro-batches and ranks, so a loss function normalises by the *global*
 count it needs (e.g. all loss tokens in the step), which the algorithm computes before
-calling :meth:`Backend.train_step`.
+calling :meth:`Backend.train_step`. Metric values may be floats or 0-dim tensors: tensors
+stay on the device and are read with the step's other numbers in one host transfer, so a
+loss function should return tensors rather than calling ``float()``/``.item()``.
 """
 
 
@@ -416,6 +495,21 @@ class ProvidesGenerationModel(Protocol):
 
 
 @runtime_checkable
+class ProvidesChangedWeights(Protocol):
+    """Optional for backends: the few tensors that differ from the source model.
+
+    ``changed_state_dict()`` yields full tensors by Hugging Face name of only the weights
+    training can have changed (with LoRA: the merged weights of the adapted layers), or
+    returns ``None`` when any weight may have changed. Default: ``None``, so engines get
+    :meth:`Backend.full_state_dict`.
+    """
+
+    def changed_state_dict(self) -> Iterator[tuple[str, torch.Tensor]] | None:
+        """The changed tensors (all ranks iterate to the end), or ``None``."""
+        ...
+
+
+@runtime_checkable
 class ReportsEfficiency(Protocol):
     """Optional for backends: FLOP counts for the ``mfu`` metric (default: no ``mfu``)."""
 
@@ -493,6 +587,20 @@ class SharesPolicyWeights(Protocol):
     rollout, see :func:`reasonctl.sync_engine_weights`)."""
 
     shares_policy_weights: bool
+
+
+@runtime_checkable
+class UpdatesChangedWeights(Protocol):
+    """Optional for engines: load some tensors by name and keep the others as they are.
+
+    Engines that hold the source model's weights take only the changed tensors of a
+    backend offering :class:`ProvidesChangedWeights` (default: every tensor through
+    :meth:`RolloutEngine.update_weights`).
+    """
+
+    def update_changed_weights(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Copy the given full tensors into the weights of the same names, in place."""
+        ...
 
 
 @runtime_checkable
@@ -595,6 +703,18 @@ def shares_policy_weights(engine: RolloutEngine) -> bool:
     return isinstance(engine, SharesPolicyWeights) and bool(engine.shares_policy_weights)
 
 
+def changed_state_dict(backend: Backend) -> Iterator[tuple[str, torch.Tensor]] | None:
+    """The backend's changed tensors, or ``None`` (the default: any may have changed)."""
+    if isinstance(backend, ProvidesChangedWeights):
+        return backend.changed_state_dict()
+    return None
+
+
+def updates_changed_weights(engine: RolloutEngine) -> bool:
+    """Whether ``engine`` can load a subset of its weights (``False`` by default)."""
+    return isinstance(engine, UpdatesChangedWeights)
+
+
 def skipped_rows(dataset: Dataset) -> int:
     """How many malformed rows ``dataset`` skipped (0 by default)."""
     return int(dataset.skipped_rows) if isinstance(dataset, CountsSkippedRows) else 0
@@ -603,6 +723,11 @@ def skipped_rows(dataset: Dataset) -> int:
 def skipped_row_reports(dataset: Dataset) -> list[tuple[str, str]]:
     """The ``(file:line, reason)`` of the rows ``dataset`` skipped (empty by default)."""
     return list(dataset.skipped) if isinstance(dataset, ReportsSkippedRows) else []
+
+
+def reward_media_type(reward: Reward) -> str:
+    """What ``reward`` scores: its :class:`ScoresMedia` ``media_type``, else ``"text"``."""
+    return str(reward.media_type) if isinstance(reward, ScoresMedia) else "text"
 
 
 def generation_model(backend: Backend) -> Any:
@@ -614,29 +739,38 @@ __all__ = [
     "PROTOCOLS",
     "Algorithm",
     "Backend",
+    "Closes",
     "CountsSkippedRows",
     "Dataset",
     "DeclaresNeeds",
     "Evaluator",
     "Logger",
     "LossFn",
+    "MediaType",
     "Needs",
     "Processor",
+    "ProvidesChangedWeights",
     "ProvidesGenerationModel",
     "ReportsEfficiency",
     "ReportsMemory",
     "ReportsSkippedRows",
     "Reward",
+    "RewardScorer",
     "RolloutEngine",
     "RunContext",
+    "ScoresMedia",
     "SharesPolicyWeights",
     "Storage",
     "StreamsText",
+    "SubmitsAsync",
     "SupportsReferenceModel",
     "TokenOutputs",
+    "UpdatesChangedWeights",
     "ValidatesRunConfig",
     "algorithm_needs",
+    "changed_state_dict",
     "generation_model",
+    "reward_media_type",
     "shares_policy_weights",
     "skipped_row_reports",
     "skipped_rows",

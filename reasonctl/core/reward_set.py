@@ -2,6 +2,11 @@
 
 :class:`RewardSet` holds the ``[[rewards.components]]`` of a run and turns completions
 into weighted totals, per-reward scores and metrics, applying ``rewards.on_error``.
+:meth:`RewardSet.score` is :meth:`RewardSet.submit` followed by :meth:`RewardSet.collect`:
+an algorithm may call the two apart so that rewards scoring elsewhere
+(:class:`~reasonctl.core.protocols.SubmitsAsync`, e.g. the ``remote`` reward) work while
+it computes log-probs. Completions are texts, or numpy arrays for media rewards
+(:class:`~reasonctl.core.protocols.ScoresMedia`).
 
 This module imports neither torch nor any plugin.
 """
@@ -27,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 OnError = Literal["raise", "zero"]
 
-RewardFn = Callable[[Sequence[str], Sequence[Sample]], Sequence[float | None]]
+RewardFn = Callable[[Sequence[Any], Sequence[Sample]], Sequence[float | None]]
 """A batched reward (the :class:`~reasonctl.core.protocols.Reward` protocol, as a type)."""
 
 COMPLETION_PREVIEW_CHARS = 200
@@ -59,6 +64,19 @@ class RewardScores:
     components: dict[str, list[float | None]]
     metrics: Metrics
     errors: list[RewardError] = field(default_factory=list)
+
+
+@dataclass
+class PendingScores:
+    """What :meth:`RewardSet.submit` returns and :meth:`RewardSet.collect` completes: the
+    batch, the handles of the rewards still scoring elsewhere, and the local scores."""
+
+    completions: Sequence[Any]
+    samples: Sequence[Sample]
+    handles: dict[str, Callable[[], Any]] = field(default_factory=dict)
+    components: dict[str, list[float | None]] = field(default_factory=dict)
+    errors: dict[str, list[RewardError]] = field(default_factory=dict)
+    collected: bool = False
 
 
 class RewardSet:
@@ -113,16 +131,50 @@ class RewardSet:
         """Reward names in config order."""
         return [t.name for t in self.terms]
 
-    def score(self, completions: Sequence[str], samples: Sequence[Sample]) -> RewardScores:
+    def score(self, completions: Sequence[Any], samples: Sequence[Sample]) -> RewardScores:
         """Score ``completions[i]`` as an answer to ``samples[i]`` with every reward."""
+        return self.collect(self.submit(completions, samples))
+
+    def submit(self, completions: Sequence[Any], samples: Sequence[Sample]) -> PendingScores:
+        """Start every asynchronous reward, then compute the local ones.
+
+        Returns the handle :meth:`collect` turns into :class:`RewardScores`. A failure of a
+        local reward is handled here (``on_error = "raise"`` raises now); a failure of an
+        asynchronous one when it is collected.
+        """
+        from reasonctl.core.protocols import SubmitsAsync
+
         if len(completions) != len(samples):
             raise ValueError(
                 f"score() got {len(completions)} completions but {len(samples)} samples; "
                 "pass one sample per completion (repeat a prompt's sample for each of its "
                 "completions)"
             )
-        errors: list[RewardError] = []
-        components = {t.name: self._score_term(t, completions, samples, errors) for t in self.terms}
+        pending = PendingScores(completions, samples)
+        for term in self.terms:
+            if isinstance(term.reward, SubmitsAsync):
+                pending.handles[term.name] = _submitted(term.reward, completions, samples)
+        for term in self.terms:
+            if term.name not in pending.handles:
+                errors = pending.errors.setdefault(term.name, [])
+                pending.components[term.name] = self._score_term(term, completions, samples,
+                                                                 errors)
+        return pending
+
+    def collect(self, pending: PendingScores) -> RewardScores:
+        """Wait for the asynchronous rewards of ``pending`` and combine every score."""
+        if pending.collected:
+            raise ValueError("these scores were collected already; submit the batch again")
+        pending.collected = True
+        completions, samples = pending.completions, pending.samples
+        for term in self.terms:
+            first = pending.handles.get(term.name)
+            if first is not None:
+                errors = pending.errors.setdefault(term.name, [])
+                pending.components[term.name] = self._score_term(term, completions, samples,
+                                                                 errors, first=first)
+        components = {t.name: pending.components[t.name] for t in self.terms}
+        errors = [e for t in self.terms for e in pending.errors.get(t.name, [])]
         totals = [
             math.fsum(t.weight * (components[t.name][i] or 0.0) for t in self.terms)
             for i in range(len(completions))
@@ -132,14 +184,19 @@ class RewardSet:
     def _score_term(
         self,
         term: RewardTerm,
-        completions: Sequence[str],
+        completions: Sequence[Any],
         samples: Sequence[Sample],
         errors: list[RewardError],
+        *,
+        first: Callable[[], Any] | None = None,
     ) -> list[float | None]:
         try:
-            return _checked(term.name, term.reward(completions, samples), len(completions))
+            values = first() if first is not None else term.reward(completions, samples)
+            return _checked(term.name, values, len(completions))
         except Exception as exc:
             batch_error = exc
+        if first is not None:  # scored elsewhere: not re-sent one completion at a time
+            return self._batch_failed(term.name, completions, samples, batch_error, errors)
         if isinstance(batch_error, RewardLengthError) and self.on_error == "raise":
             raise batch_error
         if len(completions) == 1:
@@ -168,8 +225,28 @@ class RewardSet:
         logger.warning("%s; using the one-by-one scores", message)
         return values
 
+    def _batch_failed(
+        self, name: str, completions: Sequence[Any], samples: Sequence[Sample], exc: Exception,
+        errors: list[RewardError],
+    ) -> list[float | None]:
+        """An asynchronous reward failed on the whole batch: raise, or score each 0."""
+        detail = str(exc) if isinstance(exc, RewardError) else f"{type(exc).__name__}: {exc}"
+        message = f"reward {name!r} failed on a batch of {len(completions)} completions: {detail}"
+        if self.on_error == "raise":
+            raise RewardError(
+                message + '\n  Fix the reward, or set rewards.on_error = "zero" to score '
+                "failing completions 0 and go on.", reward=name,
+            ) from exc
+        for completion, sample in zip(completions, samples, strict=True):
+            error = RewardError(message, reward=name, source=sample.source,
+                                completion=_preview(completion))
+            error.__cause__ = exc
+            errors.append(error)
+        logger.warning('%s; scored 0 (rewards.on_error = "zero")', message)
+        return [0.0] * len(completions)
+
     def _failed(
-        self, name: str, sample: Sample, completion: str, exc: Exception, errors: list[RewardError]
+        self, name: str, sample: Sample, completion: Any, exc: Exception, errors: list[RewardError]
     ) -> float:
         """Raise (``on_error="raise"``) or record the failure and return the score 0."""
         error = _sample_error(name, sample, completion, exc, raising=self.on_error == "raise")
@@ -178,6 +255,22 @@ class RewardSet:
         error.__cause__ = exc
         errors.append(error)
         return 0.0
+
+
+def _submitted(reward: Any, completions: Sequence[Any],
+               samples: Sequence[Sample]) -> Callable[[], Any]:
+    """Submit to an asynchronous reward; the returned function collects (or re-raises what
+    submitting raised, so both count as the reward's failure)."""
+    try:
+        handle = reward.submit(completions, samples)
+    except Exception as exc:
+        failure = exc
+
+        def fail() -> Any:
+            raise failure
+
+        return fail
+    return lambda: reward.collect(handle)
 
 
 def _checked(name: str, values: Any, expected: int) -> list[float | None]:
@@ -218,11 +311,22 @@ def _as_float(value: Any) -> float | None:
         return None
 
 
+def _preview(completion: Any) -> str:
+    """The start of a text completion, or the shape and type of a media one."""
+    if isinstance(completion, str):
+        return completion[:COMPLETION_PREVIEW_CHARS]
+    shape = getattr(completion, "shape", None)
+    dtype = getattr(completion, "dtype", None)
+    if shape is not None:
+        return f"<{type(completion).__name__} shape={list(shape)} dtype={dtype}>"
+    return repr(completion)[:COMPLETION_PREVIEW_CHARS]
+
+
 def _sample_error(
-    name: str, sample: Sample, completion: str, exc: BaseException, *, raising: bool
+    name: str, sample: Sample, completion: Any, exc: BaseException, *, raising: bool
 ) -> RewardError:
     source = sample.source or "<sample without source>"
-    preview = completion[:COMPLETION_PREVIEW_CHARS]
+    preview = _preview(completion)
     if isinstance(exc, RewardError):
         detail = str(exc).removeprefix(f"reward {name!r} ")
     else:
@@ -262,4 +366,4 @@ def _metrics(
     return metrics
 
 
-__all__ = ["RewardScores", "RewardSet", "RewardTerm"]
+__all__ = ["PendingScores", "RewardScores", "RewardSet", "RewardTerm"]

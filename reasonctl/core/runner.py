@@ -29,7 +29,7 @@ from reasonctl.core.composition import build_algorithm, build_backend, build_com
 from reasonctl.core.config import RunConfig, redact_text
 from reasonctl.core.errors import ReasonctlError
 from reasonctl.core.plugins import PluginHost
-from reasonctl.core.protocols import Algorithm, Logger, RunContext, algorithm_needs
+from reasonctl.core.protocols import Algorithm, Closes, Logger, RunContext, algorithm_needs
 from reasonctl.core.types import Metrics
 
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
@@ -178,6 +178,9 @@ def run(config: RunConfig, *, host: PluginHost, progress: bool = True) -> RunRes
         for logger in loggers:
             logger.close()
         host.hooks.on_run_end(ctx, result.status, error)
+        for part in (algorithm, ctx.engine):
+            if isinstance(part, Closes):
+                part.close()
         backend.close()
     return result
 

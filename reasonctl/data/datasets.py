@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from reasonctl.core.protocols import Dataset, skipped_row_reports, skipped_rows
 from reasonctl.core.types import Sample
-from reasonctl.data.prompting import apply_prompt_options
+from reasonctl.data.messages import apply_prompt_options
 
 if TYPE_CHECKING:
     from reasonctl.core.config import DataSection

@@ -386,3 +386,50 @@ def _prompt_answer_messages(
     if reference is None:
         reference = record.get("answer")
     return messages, reference
+
+
+def apply_prompt_options(
+    messages: list[Message], system_prompt: str | None, prompt_template: str | None
+) -> list[Message]:
+    """Apply ``[data] system_prompt`` and ``prompt_template`` to a conversation.
+
+    ``system_prompt`` becomes the first message when the conversation has no system
+    message. ``prompt_template`` rewrites the text of the last user message of the prompt
+    (the question being answered): ``{prompt}`` is replaced by the original text; a
+    template without ``{prompt}`` is appended to the text on a new line.
+    """
+    out = list(messages)
+    if system_prompt is not None and not (out and out[0].role == "system"):
+        out.insert(0, Message("system", [ContentPart("text", text=system_prompt)]))
+    if prompt_template is None:
+        return out
+    prompt_end = len(out)
+    while prompt_end and out[prompt_end - 1].role == "assistant":
+        prompt_end -= 1
+    target = next((i for i in range(prompt_end - 1, -1, -1) if out[i].role == "user"), None)
+    if target is None:
+        return out
+    message = out[target]
+    original = message.text
+    if "{prompt}" in prompt_template:
+        text = prompt_template.replace("{prompt}", original)
+    else:
+        text = f"{original}\n{prompt_template}" if original else prompt_template
+    out[target] = Message(message.role, with_text(message.content, text))
+    return out
+
+
+def with_text(content: Sequence[ContentPart], text: str) -> list[ContentPart]:
+    """``content`` with its text replaced by ``text``: media parts kept in place, the first
+    text part becomes ``text`` (appended when there is none), other text parts dropped."""
+    parts: list[ContentPart] = []
+    placed = False
+    for part in content:
+        if part.type != "text":
+            parts.append(part)
+        elif not placed:
+            parts.append(ContentPart("text", text=text))
+            placed = True
+    if not placed:
+        parts.append(ContentPart("text", text=text))
+    return parts

@@ -1,7 +1,6 @@
-"""Prompt layout: the ``[data]`` prompt options, and lettered multiple-choice options.
+"""Prompt layout for RL and evaluation: multiple-choice questions with lettered options.
 
-:func:`apply_prompt_options` applies ``[data] system_prompt`` and ``prompt_template`` (the
-run's dataset view does, for every format alike). For RL and evaluation what remains is
+Datasets already apply ``[data] system_prompt`` and ``prompt_template``. What remains is
 the multiple-choice layout: samples that carry their options as data (``meta["choices"]``
 / ``meta["options"]``, or a ``qa_pairs`` / reference dict ``{question, index2ans,
 answer}`` as in Cosmos-Reason RL data) get the question and the options written into the
@@ -23,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from reasonctl.core.types import ContentPart, Message, Sample
+from reasonctl.core.types import Message, Sample
+from reasonctl.data.messages import with_text
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 CHOICES_FIELD = "{choices}"
@@ -101,61 +101,5 @@ def layout_mcq(sample: Sample) -> Sample:
         text = f"{text[:at].rstrip()}\n{block}{text[at:]}"
     elif block:
         text = f"{text.rstrip()}\n{block}" if text.strip() else block
-    messages[target] = Message(message.role, _with_text(message.content, text))
+    messages[target] = Message(message.role, with_text(message.content, text))
     return replace(sample, messages=messages)
-
-
-def _with_text(content: Sequence[ContentPart], text: str) -> list[ContentPart]:
-    """Media parts kept in place; the first text part becomes ``text``, others dropped."""
-    parts: list[ContentPart] = []
-    placed = False
-    for part in content:
-        if part.type != "text":
-            parts.append(part)
-        elif not placed:
-            parts.append(ContentPart("text", text=text))
-            placed = True
-    if not placed:
-        parts.append(ContentPart("text", text=text))
-    return parts
-
-
-def apply_prompt_options(
-    messages: list[Message], system_prompt: str | None, prompt_template: str | None
-) -> list[Message]:
-    """Apply ``[data] system_prompt`` and ``prompt_template`` to a conversation.
-
-    ``system_prompt`` becomes the first message when the conversation has no system
-    message. ``prompt_template`` rewrites the text of the last user message of the prompt
-    (the question being answered): ``{prompt}`` is replaced by the original text; a
-    template without ``{prompt}`` is appended to the text on a new line.
-    """
-    out = list(messages)
-    if system_prompt is not None and not (out and out[0].role == "system"):
-        out.insert(0, Message("system", [ContentPart("text", text=system_prompt)]))
-    if prompt_template is None:
-        return out
-    prompt_end = len(out)
-    while prompt_end and out[prompt_end - 1].role == "assistant":
-        prompt_end -= 1
-    target = next((i for i in range(prompt_end - 1, -1, -1) if out[i].role == "user"), None)
-    if target is None:
-        return out
-    message = out[target]
-    original = message.text
-    if "{prompt}" in prompt_template:
-        text = prompt_template.replace("{prompt}", original)
-    else:
-        text = f"{original}\n{prompt_template}" if original else prompt_template
-    parts: list[ContentPart] = []
-    placed = False
-    for part in message.content:
-        if part.type != "text":
-            parts.append(part)
-        elif not placed:
-            parts.append(ContentPart("text", text=text))
-            placed = True
-    if not placed:
-        parts.append(ContentPart("text", text=text))
-    out[target] = Message(message.role, parts)
-    return out

@@ -5,7 +5,9 @@
   them too, so it judges answers exactly as training rewards them;
 - :mod:`~reasonctl.rewards.choice`: resolving a sample's options and correct letter;
 - one module per reward, each holding its config model: ``format``, ``choice``, ``math``,
-  ``exact_match``, ``length``; :mod:`~reasonctl.rewards.base` is what they share.
+  ``exact_match``, ``length``; :mod:`~reasonctl.rewards.base` is what they share;
+- :mod:`~reasonctl.rewards.remote`: ``remote``, scores from a reward service
+  (:mod:`reasonctl.reward_service`).
 
 They are registered by :mod:`reasonctl.plugins.rewards`; nothing here imports it.
 """

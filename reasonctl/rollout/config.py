@@ -57,6 +57,7 @@ class HFRolloutConfig(BaseModel):
     share_weights: bool = Field(
         default=True,
         description="With a backend whose weights are not sharded (single), generate with "
-        "the policy module itself (no "
-        "copy). false: keep a separate copy refreshed from the trainer before each rollout.",
+        "the policy module itself (no copy; with [model.lora] the engine always keeps a "
+        "merged copy). false: keep a separate copy refreshed from the trainer before each "
+        "rollout.",
     )

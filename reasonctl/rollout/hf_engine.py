@@ -177,6 +177,21 @@ class HFRolloutEngine:
         Every parameter must be covered (tied parameters count once); an unknown name or a
         shape mismatch raises ``ValueError`` naming it.
         """
+        updated = self._copy_weights(named_tensors)
+        missing = [n for n, p in self.model.named_parameters() if id(p) not in updated]
+        if missing:
+            listed = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+            raise ValueError(
+                f"update_weights: {len(missing)} parameter(s) were not sent: {listed}"
+            )
+
+    def update_changed_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy the given full tensors in place by name, keeping every other weight (e.g.
+        the merged layers of a LoRA run); unknown names and shapes raise ``ValueError``."""
+        self._copy_weights(named_tensors)
+
+    def _copy_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> set[int]:
+        """Copy tensors into the parameters/buffers of the same names; the ids updated."""
         targets = dict(self.model.named_parameters(remove_duplicate=False))
         targets.update(dict(self.model.named_buffers(remove_duplicate=False)))
         updated: set[int] = set()
@@ -195,12 +210,7 @@ class HFRolloutEngine:
                     )
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
                 updated.add(id(target))
-        missing = [n for n, p in self.model.named_parameters() if id(p) not in updated]
-        if missing:
-            listed = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-            raise ValueError(
-                f"update_weights: {len(missing)} parameter(s) were not sent: {listed}"
-            )
+        return updated
 
     # --- streaming for interactive use ---------------------------------------------------
 

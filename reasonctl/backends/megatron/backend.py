@@ -565,6 +565,9 @@ def _check_supported(config: Any) -> None:
                         "(every parameter trains)")
     if config.train.compile:
         problems.append("train.compile: not supported by the megatron backend")
+    if config.model.lora is not None:
+        problems.append("model.lora: not supported by the megatron backend; train LoRA "
+                        "adapters with backend.name = 'single' or 'fsdp'")
     if problems:
         raise ConfigError(problems)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from reasonctl.core.config.markers import InputPath
 from reasonctl.core.config.redaction import redact_secrets
@@ -48,6 +48,73 @@ class RunSection(Section):
     on_signal: Literal["checkpoint", "exit"] = "checkpoint"
 
 
+LoraPreset = Literal["all-linear", "attention", "mlp"]
+MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
+"""A plain dotted module name (``q_proj``, ``self_attn.q_proj``); anything else is a regex."""
+
+
+class LoraSection(Section):
+    """``[model.lora]``: train low-rank adapters (peft LoRA) instead of the full weights.
+
+    Present (even empty) means on. The base weights stay frozen; only the adapters and the
+    ``modules_to_save`` train, checkpoints hold only those, and the KL reference of RL is
+    the base model with the adapters switched off.
+    """
+
+    rank: int = Field(default=16, gt=0, description="Rank r of each adapter.")
+    alpha: float = Field(
+        default=32.0, gt=0, description="Scaling numerator: updates are scaled by alpha / rank."
+    )
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout on adapter inputs.")
+    target_modules: LoraPreset | list[str] = Field(
+        default="all-linear",
+        description="A preset of the model family (Qwen2/2.5/3, Qwen2-VL/2.5-VL/3-VL "
+        "language tower): 'all-linear' (attention and MLP projections), 'attention' "
+        "(q/k/v/o) or 'mlp' (gate/up/down); or a list of linear module names (q_proj, "
+        "self_attn.o_proj: matched at the end of the full name) and regexes (searched in "
+        "the full name, e.g. 'layers\\.1[0-9]\\..*proj$').",
+    )
+    include_vision: bool = Field(
+        default=False,
+        description="Also adapt the vision tower of a vision-language model (frozen by "
+        "default); presets then add its attention and MLP projections.",
+    )
+    modules_to_save: list[str] = Field(
+        default_factory=list,
+        description="Modules trained in full next to the adapters (e.g. embed_tokens; its "
+        "tied output head follows), by module name.",
+    )
+    export: Literal["merged", "adapter"] = Field(
+        default="merged",
+        description="merged: a Hugging Face model with the adapters merged into the weights; "
+        "adapter: a peft adapter directory for PeftModel.from_pretrained on the base model.",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _targets(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("list at least one module name or regex, or use a preset")
+            for entry in value:
+                if not MODULE_NAME.match(entry):
+                    try:
+                        re.compile(entry)
+                    except re.error as exc:
+                        raise ValueError(
+                            f"{entry!r} is neither a module name nor a regular expression: {exc}"
+                        ) from exc
+        return value
+
+    @field_validator("modules_to_save")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if not MODULE_NAME.match(entry):
+                raise ValueError(f"{entry!r} is not a module name (e.g. 'embed_tokens')")
+        return value
+
+
 class ModelSection(Section):
     """``[model]``: what to train."""
 
@@ -62,6 +129,9 @@ class ModelSection(Section):
     trainable: list[str] = Field(
         default_factory=list, description="If set, only params matching these regexes train."
     )
+    lora: LoraSection | None = Field(
+        default=None, description="Train LoRA adapters instead of the full weights."
+    )
 
     @field_validator("freeze", "trainable")
     @classmethod
@@ -72,6 +142,16 @@ class ModelSection(Section):
             except re.error as exc:
                 raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from exc
         return patterns
+
+    @model_validator(mode="after")
+    def _lora_alone(self) -> ModelSection:
+        if self.lora is not None and (self.freeze or self.trainable):
+            raise ValueError(
+                "model.freeze / model.trainable select full weights to train and cannot be "
+                "combined with [model.lora]; with LoRA the base is frozen and "
+                "model.lora.modules_to_save names modules to train in full"
+            )
+        return self
 
 
 class DataSection(Section):

@@ -1,0 +1,194 @@
+"""The ``remote`` reward: scores from a reward service (``reasonctl serve-rewards``).
+
+```toml
+[[rewards.components]]
+name = "remote"
+url = "https://rewards.example.org"     # the service (TLS terminated by a proxy in front)
+token_env = "REASONCTL_REWARD_TOKEN"    # the variable holding the bearer token
+rewards = { math = 1.0, format = 0.2 }  # rewards of the service, with weights
+timeout = 600                           # seconds from submitting a batch to its scores
+on_error = "raise"                      # or "zero" / "skip" when the service fails a batch
+```
+
+It is asynchronous (:class:`~reasonctl.SubmitsAsync`): :meth:`RemoteReward.submit` sends
+the batch in background threads and returns at once, :meth:`RemoteReward.collect` waits for
+the scores, so GRPO's log-prob passes run while the service scores. Its score per completion
+is the weighted sum of the service's rewards (``None`` where all of them said ``None``).
+With ``media_type`` image, video or latent it scores generated media
+(:class:`~reasonctl.ScoresMedia`): completions are numpy arrays, sent as one ``.npy``
+array per request.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator
+
+from reasonctl.core.config.redaction import remember_secret_variables
+from reasonctl.core.errors import ReasonctlError, RewardError
+from reasonctl.core.types import Sample
+from reasonctl.rewards.base import RewardConfig
+
+logger = logging.getLogger(__name__)
+
+NAME = "remote"
+
+
+class RemoteConfig(RewardConfig):
+    """Options of the ``remote`` reward."""
+
+    url: str = Field(description="The reward service, http(s)://host[:port].")
+    token_env: str = Field(default="REASONCTL_REWARD_TOKEN",
+                           description="Environment variable holding the bearer token.")
+    rewards: dict[str, float] = Field(
+        min_length=1, description="Rewards of the service to score with, and their weights.")
+    timeout: float = Field(default=600.0, gt=0,
+                           description="Seconds from submitting a batch to having its scores.")
+    on_error: Literal["raise", "zero", "skip"] = Field(
+        default="raise",
+        description="When the service fails a batch or misses the deadline: raise (then "
+        "rewards.on_error applies), score 0, or skip (None: the reward does not apply).",
+    )
+    media_type: Literal["text", "image", "video", "latent"] = "text"
+    chunk_size: int = Field(default=256, gt=0,
+                            description="Completions per request (a batch is split).")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("use an http:// or https:// URL with a host, e.g. "
+                             "https://rewards.example.org")
+        return value.rstrip("/")
+
+
+@dataclass
+class _Submitted:
+    """A submitted batch: one future per request, and the size of each."""
+
+    futures: list[Future[dict[str, Any]] | BaseException]
+    sizes: list[int]
+
+
+class RemoteReward:
+    """Scores completions with a reward service (see the module docstring)."""
+
+    def __init__(self, config: RemoteConfig) -> None:
+        from reasonctl.reward_service.client import RewardServiceClient
+
+        self.config = config
+        remember_secret_variables([config.token_env])
+        token = os.environ.get(config.token_env, "").strip()
+        if not token:
+            raise ReasonctlError(
+                f"reward 'remote': environment variable {config.token_env} is not set; export "
+                "the reward service's token there (or name another variable with token_env)")
+        if urlsplit(config.url).scheme == "http" and not _is_local(config.url):
+            logger.warning("reward 'remote' sends its token to %s without TLS; put the "
+                           "service behind an https proxy", config.url)
+        self.client = RewardServiceClient(config.url, token)
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="remote-reward")
+
+    def __repr__(self) -> str:
+        return f"RemoteReward(url={self.config.url!r}, rewards={self.config.rewards!r})"
+
+    def __call__(self, completions: Sequence[Any], samples: Sequence[Sample]
+                 ) -> list[float | None]:
+        """Submit and wait."""
+        return self.collect(self.submit(completions, samples))
+
+    def submit(self, completions: Sequence[Any], samples: Sequence[Sample]) -> _Submitted:
+        """Send the batch (in requests of ``chunk_size``) in the background."""
+        from reasonctl.reward_service.wire import encode_request
+
+        cfg = self.config
+        deadline = time.monotonic() + cfg.timeout
+        size = cfg.chunk_size
+        futures: list[Future[dict[str, Any]] | BaseException] = []
+        sizes = []
+        for start in range(0, len(completions), size):
+            chunk = list(completions[start:start + size])
+            sizes.append(len(chunk))
+            try:
+                body = encode_request(cfg.rewards, chunk, samples[start:start + size],
+                                      media_type=cfg.media_type, deadline_s=cfg.timeout)
+            except Exception as exc:  # a completion the wire cannot carry: the batch fails
+                futures.append(exc)
+                continue
+            futures.append(self._pool.submit(self._score, body, deadline))
+        return _Submitted(futures, sizes)
+
+    def _score(self, body: bytes, deadline: float) -> dict[str, Any]:
+        request_id = self.client.enqueue(body, deadline=deadline)
+        return self.client.wait(request_id, deadline=deadline)
+
+    def collect(self, handle: _Submitted) -> list[float | None]:
+        """Wait for every request of ``handle``; apply ``on_error`` to failed ones."""
+        out: list[float | None] = []
+        for future, size in zip(handle.futures, handle.sizes, strict=True):
+            try:
+                if isinstance(future, BaseException):
+                    raise future
+                answer = future.result()
+            except Exception as exc:
+                out += self._failed(f"{type(exc).__name__}: {exc}", size)
+                continue
+            if answer.get("status") != "done":
+                out += self._failed(str(answer.get("error") or answer), size)
+                continue
+            out += self._weighted(answer["scores"], size)
+        return out
+
+    def _weighted(self, scores: dict[str, list[float | None]], size: int) -> list[float | None]:
+        out: list[float | None] = []
+        for i in range(size):
+            present = [(weight, scores[name][i]) for name, weight in self.config.rewards.items()
+                       if scores[name][i] is not None]
+            out.append(sum(w * float(v) for w, v in present) if present else None)  # type: ignore[arg-type]
+        return out
+
+    def _failed(self, reason: str, size: int) -> list[float | None]:
+        on_error = self.config.on_error
+        message = f"the reward service at {self.config.url} failed a request: {reason}"
+        if on_error == "raise":
+            raise RewardError(message + " (set on_error = \"zero\" or \"skip\" in the remote "
+                              "reward's options to go on without these scores)", reward=NAME)
+        logger.warning("%s; scored %s (on_error = %r)", message,
+                       "0" if on_error == "zero" else "None", on_error)
+        return [0.0 if on_error == "zero" else None] * size
+
+
+class RemoteMediaReward(RemoteReward):
+    """:class:`RemoteReward` for generated media (:class:`~reasonctl.ScoresMedia`)."""
+
+    def __init__(self, config: RemoteConfig) -> None:
+        super().__init__(config)
+        self.media_type = config.media_type
+
+
+def remote_reward(config: RemoteConfig) -> RemoteReward:
+    """The factory of ``remote``: a media reward when ``media_type`` is not text."""
+    return RemoteReward(config) if config.media_type == "text" else RemoteMediaReward(config)
+
+
+def _is_local(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+__all__ = ["RemoteConfig", "RemoteMediaReward", "RemoteReward", "remote_reward"]
