@@ -201,13 +201,23 @@ def score_samples(
             prompt="\n".join(m.text for m in laid_out.prompt_messages() if m.role != "system"),
             response=completion.text,
             parsed=parsed,
-            reference=sample.reference,
+            reference=_shown_reference(sample),
             correct=correct,
             source=str(sample.meta.get("source") or default_source),
             finish_reason=completion.finish_reason,
             sample=sample.source,
         ))
     return report
+
+
+def _shown_reference(sample: Sample) -> Any:
+    """The sample's reference, or the answer of its ``qa_pairs`` (Cosmos-Reason RL rows)."""
+    if sample.reference is not None:
+        return sample.reference
+    qa = sample.meta.get("qa_pairs")
+    if isinstance(qa, list) and qa:
+        qa = qa[0]
+    return qa.get("answer") if isinstance(qa, dict) else None
 
 
 def write_report(report: EvalReport, directory: Path) -> Path:
