@@ -30,8 +30,11 @@ SHAPES: dict[str, dict[str, int]] = {
            "num_key_value_heads": 4, "intermediate_size": 18944},
     "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "intermediate_size": 128},
+    "tiny-h64": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+                 "num_key_value_heads": 1, "intermediate_size": 256},
 }
-"""Qwen2.5 model shapes by name (``tiny`` is for CPU smoke runs of the scripts)."""
+"""Qwen2.5 model shapes by name (``tiny`` is for CPU smoke runs of the scripts;
+``tiny-h64`` has the head size 64 that vLLM's CPU attention supports)."""
 PEAK_FLOPS = 790e12
 """Measured dense bf16 matmul rate of the benchmark GPU (H200), the MFU denominator."""
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -71,6 +71,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--no-gradient-checkpointing", action="store_true")
+    parser.add_argument("--compile", action="store_true",
+                        help="SFT: train.compile on reasonctl's side, torch_compile on TRL's.")
     parser.add_argument("--grpo-steps", type=int, default=6)
     parser.add_argument("--prompts-per-step", type=int, default=8)
     parser.add_argument("--group", type=int, default=8)
@@ -108,7 +110,8 @@ def sft_reasonctl(model_dir: Path, data: Path, out: Path, args: argparse.Namespa
                   "lora": LORA},
         "data": {"format": "jsonl", "shuffle": False, "jsonl": {"path": str(data)}},
         "train": {"lr": args.lr, "max_steps": args.steps, "global_batch_size": args.batch,
-                  "micro_batch_size": args.batch, "weight_decay": 0.0, "max_grad_norm": 1.0},
+                  "micro_batch_size": args.batch, "weight_decay": 0.0, "max_grad_norm": 1.0,
+                  "compile": args.compile},
         "algorithm": {"name": "sft"},
         "backend": {"name": "single"},
         "checkpoint": {"export_final": False},
@@ -177,7 +180,7 @@ def sft_trl_worker(args: argparse.Namespace) -> None:
         bf16=cuda, gradient_checkpointing=not args.no_gradient_checkpointing,
         logging_steps=1, save_strategy="no", report_to="none", max_length=args.seq,
         disable_tqdm=True, seed=0, optim="adamw_torch_fused" if cuda else "adamw_torch",
-        use_cpu=not cuda,
+        use_cpu=not cuda, torch_compile=args.compile,
     )
     clock = Clock()
     trainer = InOrder(model=model, args=config, peft_config=peft_config,
@@ -205,6 +208,8 @@ def sft_trl(model_dir: Path, data: Path, args: argparse.Namespace) -> dict[str, 
                "--warmup", str(args.warmup), "--lr", str(args.lr)]
     if args.no_gradient_checkpointing:
         command.append("--no-gradient-checkpointing")
+    if args.compile:
+        command.append("--compile")
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": (proc.stdout + proc.stderr)[-3000:]}

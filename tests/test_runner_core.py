@@ -75,7 +75,8 @@ def test_sigterm_saves_checkpoint_and_stops(tmp_path):
     assert (tmp_path / "checkpoints" / "step_4" / "manifest.json").is_file()
     assert not (tmp_path / "export").exists()
     assert plugin.events[-1] == ("end", "interrupted")
-    resumed, _ = run_toy(tmp_path, "run.resume=true")
+    # the signal knob is off now: a changed algorithm setting, applied on request
+    resumed, _ = run_toy(tmp_path, "run.resume=true", "run.resume_with_changes=true")
     assert resumed.steps == 12 and resumed.status == "completed"
 
 

@@ -21,6 +21,8 @@ class ToyAlgorithmConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     target: float = 3.0
     signal_at_step: int = 0
+    nan_at_step: int = 0
+    """This step's loss is NaN and its update is skipped, as a backend skips it."""
 
     def needs(self) -> reasonctl.Needs:
         """No tokenizer and no data: the toy fits one number."""
@@ -81,6 +83,8 @@ class ToyAlgorithm:
 
     def step(self, ctx: Any) -> dict[str, float]:
         backend = ctx.backend
+        if self.config.nan_at_step and ctx.step + 1 == self.config.nan_at_step:
+            return {"loss": float("nan"), "grad_norm": float("nan"), "weight": backend.weight}
         error = backend.weight - self.config.target
         backend.weight -= backend.lr * 2 * error
         self.updates += 1

@@ -23,7 +23,6 @@ from reasonctl.core.protocols import (
     Dataset,
     Processor,
     ReportsEfficiency,
-    ReportsMemory,
     RunContext,
     TokenOutputs,
 )
@@ -162,8 +161,6 @@ class SFTAlgorithm:
                 mean_len = totals["input_tokens"] / totals["samples"]
                 flops = backend.training_flops(totals["input_tokens"], mean_len)
                 out["mfu"] = flops / (elapsed * peak * backend.world_size)
-        if isinstance(backend, ReportsMemory):
-            out.update(backend.memory_metrics())
         return out
 
     # --- state ----------------------------------------------------------------------------

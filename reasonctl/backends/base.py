@@ -33,9 +33,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
+from reasonctl.backends.dcp_load import load_state
 from reasonctl.backends.distributed import barrier_all, mean_over_processes
-from reasonctl.backends.export import DEFAULT_MAX_SHARD_SIZE, save_hf_export
+from reasonctl.backends.export import DEFAULT_MAX_SHARD_SIZE, check_finite, save_hf_export
 from reasonctl.backends.lora import AdaptersOff, LoraState, base_model_reference
+from reasonctl.backends.optim import apply_train_settings
 from reasonctl.backends.perf import peak_flops, training_flops
 from reasonctl.backends.reference import ReferenceWeights
 from reasonctl.backends.token_logprobs import TokenLogprobModel, TokenLogprobs
@@ -272,7 +274,11 @@ class TorchBackend:
         return None
 
     def load_checkpoint(self, directory: Path) -> None:
-        """Restore state from :meth:`save_checkpoint` (written by any number of ranks)."""
+        """Restore state from :meth:`save_checkpoint` (written by any number of ranks).
+
+        Nothing in the checkpoint runs code (:mod:`reasonctl.backends.dcp_load`); tensors
+        that do not fit the model are named. The optimizer then takes ``[train]``'s
+        hyperparameters, so a resume with changed settings applies them."""
         if not Path(directory).is_dir():
             raise FileNotFoundError(f"checkpoint state directory {directory} does not exist")
         self._reshard()
@@ -281,10 +287,11 @@ class TorchBackend:
         state = {"model": model_state, "optimizer": optim_state,
                  "scheduler": scheduler.state_dict()}
         with _single_process_dcp_quiet():
-            dcp.load(state, checkpoint_id=str(directory), no_dist=not dist.is_initialized())
+            load_state(state, Path(directory))
         set_state_dict(policy, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"], options=self._state_options(load=True))
         scheduler.load_state_dict(state["scheduler"])
+        apply_train_settings(optimizer, scheduler, self._ctx().config.train)
 
     # --- weights out ----------------------------------------------------------------------
 
@@ -295,24 +302,28 @@ class TorchBackend:
         adapter directory.
         """
         state = self.gather_full_state_dict()
-        if self.is_main:
-            ctx = self._ctx()
-            assert self.source is not None
-            dtype = self.export_dtype(ctx.config.checkpoint.export_dtype)
-            if self.lora is not None and self.lora.section.export == "adapter":
-                self.lora.save_adapter(
-                    Path(directory), state, dtype=dtype, source=self.source,
-                    base_model=base_model_reference(ctx.config.model.name_or_path, self.source),
-                )
-            else:
-                if self.lora is not None:
-                    state = dict(self.lora.merged(state.items()))
-                save_hf_export(
-                    Path(directory), state, hf_model=self.hf_model, source=self.source,
-                    dtype=dtype, tied_groups=self.tied_groups,
-                    max_shard_size=self.export_shard_size,
-                )
-        self.barrier()
+        try:
+            if self.is_main:
+                ctx = self._ctx()
+                assert self.source is not None
+                dtype = self.export_dtype(ctx.config.checkpoint.export_dtype)
+                if self.lora is not None and self.lora.section.export == "adapter":
+                    check_finite(state)  # the merged export checks in save_hf_export
+                    self.lora.save_adapter(
+                        Path(directory), state, dtype=dtype, source=self.source,
+                        base_model=base_model_reference(ctx.config.model.name_or_path,
+                                                        self.source),
+                    )
+                else:
+                    if self.lora is not None:
+                        state = dict(self.lora.merged(state.items()))
+                    save_hf_export(
+                        Path(directory), state, hf_model=self.hf_model, source=self.source,
+                        dtype=dtype, tied_groups=self.tied_groups,
+                        max_shard_size=self.export_shard_size,
+                    )
+        finally:  # the other ranks wait here even when the main rank's write fails
+            self.barrier()
 
     def export_dtype(self, name: str) -> torch.dtype:
         """``auto`` keeps the dtype the source checkpoint declares; else the named dtype."""

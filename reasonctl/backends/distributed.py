@@ -45,8 +45,8 @@ class ProcessGroupInfo:
 def init_process_group(device: torch.device) -> ProcessGroupInfo:
     """Join the default process group: NCCL on CUDA, gloo on CPU.
 
-    Under torch's elastic launcher (``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` set) the group
-    spans the launched processes; without it, a one-process group is created in memory so
+    Under a launcher (``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` set: reasonctl's or torchrun)
+    the group spans the launched processes; without it, a one-process group is created in memory so
     the FSDP backend also runs as a plain single process.
     """
     if dist.is_initialized():

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from reasonctl.core.errors import NonFiniteError
 from reasonctl.models.loading import ModelSource, quiet_transformers
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
@@ -75,9 +76,11 @@ def save_hf_export(
     """Write ``state_dict`` (full tensors, Hugging Face names) as a model directory.
 
     ``hf_model`` supplies the class, config and generation config (its weights are not
-    read). Returns ``directory``.
+    read). Returns ``directory``. Weights holding NaN or infinity are never written
+    (:class:`~reasonctl.core.errors.NonFiniteError`).
     """
     directory = Path(directory)
+    check_finite(state_dict)
     tmp = directory.with_name(f".tmp-{directory.name}")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -96,6 +99,19 @@ def save_hf_export(
         shutil.rmtree(directory)
     tmp.rename(directory)
     return directory
+
+
+def check_finite(state_dict: dict[str, torch.Tensor]) -> None:
+    """Raise :class:`~reasonctl.core.errors.NonFiniteError` naming the floating-point
+    tensors that hold NaN or infinity."""
+    bad = [name for name, tensor in state_dict.items()
+           if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")
+        raise NonFiniteError(
+            f"not exporting: {len(bad)} weight tensor(s) hold NaN or infinity ({shown}). "
+            "Training diverged; resume from an earlier checkpoint with a lower train.lr"
+        )
 
 
 def copy_tokenizer_files(target: Path, sources: Iterable[Path]) -> list[str]:

@@ -92,3 +92,20 @@ def build_scheduler(
         )
 
     return LambdaLR(optimizer, factor)
+
+
+def apply_train_settings(optimizer: torch.optim.Optimizer, scheduler: LambdaLR,
+                         train: TrainSection) -> None:
+    """Give a restored optimizer and schedule the hyperparameters of ``train``.
+
+    A checkpoint restores the optimizer's parameter groups (``lr``, ``betas``, ``eps``,
+    ``weight_decay``) and the schedule's base rates as they were saved; this puts the
+    configured values back, with the learning rate the schedule gives at its restored
+    step. With an unchanged config it changes nothing.
+    """
+    factors = [fn(scheduler.last_epoch) for fn in scheduler.lr_lambdas]
+    scheduler.base_lrs = [train.lr for _ in optimizer.param_groups]
+    for group, factor in zip(optimizer.param_groups, factors, strict=True):
+        decayed = any(p.ndim >= 2 for p in group["params"])
+        group.update(initial_lr=train.lr, lr=train.lr * factor, betas=tuple(train.betas),
+                     eps=train.adam_eps, weight_decay=train.weight_decay if decayed else 0.0)

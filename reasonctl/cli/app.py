@@ -12,6 +12,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from reasonctl.cli import common
 from reasonctl.cli.common import ConfigOption, SetOption, console, fail, handle_errors
@@ -22,6 +23,8 @@ from reasonctl.cli.export_cmd import export_command
 from reasonctl.cli.infer_cmd import infer_command
 from reasonctl.cli.plugins_cmd import plugins_command
 from reasonctl.cli.serve_rewards_cmd import serve_rewards_command
+from reasonctl.cli.upload_cmd import upload_command
+from reasonctl.core.config import redact_text
 from reasonctl.core.plugins import PluginHost, env_flag
 
 PLUGINS_PANEL = "Plugins"
@@ -80,6 +83,7 @@ def build_app(host: PluginHost) -> typer.Typer:
     app.command("eval")(handle_errors(eval_command))
     app.command("infer")(handle_errors(infer_command))
     app.command("export")(handle_errors(export_command))
+    app.command("upload")(handle_errors(upload_command))
     app.command("serve-rewards")(serve_rewards_command)
     _add_plugin_commands(app, host)
     return app
@@ -113,8 +117,13 @@ def run_command(
     resume: Annotated[
         bool, typer.Option("--resume", help="Resume from the newest complete checkpoint.")
     ] = False,
+    resume_with_changes: Annotated[
+        bool, typer.Option("--resume-with-changes",
+                           help="Resume even if settings changed since the checkpoint: print "
+                                "the changes and apply them (run.resume_with_changes).")
+    ] = False,
     nproc_per_node: Annotated[
-        int, typer.Option("--nproc-per-node", min=1, help="Processes per node (torch elastic).")
+        int, typer.Option("--nproc-per-node", min=1, help="Processes per node.")
     ] = 1,
     nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Number of nodes.")] = 1,
     node_rank: Annotated[int, typer.Option("--node-rank", min=0, help="This node's rank.")] = 0,
@@ -124,7 +133,8 @@ def run_command(
     ] = None,
 ) -> None:
     """Train: SFT, GRPO or any installed algorithm, as configured."""
-    values = common.flag_values(algo=algo, backend=backend, output_dir=output_dir, resume=resume)
+    values = common.flag_values(algo=algo, backend=backend, output_dir=output_dir, resume=resume,
+                                resume_with_changes=resume_with_changes)
     cfg = common.load(config, set_, values)
     if not common.inside_launcher():  # the launching process already checked
         from reasonctl.core.composition import preflight
@@ -135,11 +145,16 @@ def run_command(
         fail("the 'single' backend runs one process; use --backend fsdp (or megatron) with "
              "--nproc-per-node > 1", code=2)
     if launched and not common.inside_launcher():
-        from reasonctl.cli.launch import launch_elastic
+        from reasonctl.cli.launch import launch_workers
 
-        forwarded = common.forwarded_run_args(algo, backend, config, set_, output_dir, resume)
-        raise typer.Exit(launch_elastic(forwarded, nproc_per_node, nnodes, node_rank,
-                                        rdzv_endpoint))
+        forwarded = common.forwarded_run_args(algo, backend, config, set_, output_dir, resume,
+                                              resume_with_changes)
+        raise typer.Exit(launch_workers(forwarded, nproc_per_node, nnodes, node_rank,
+                                        rdzv_endpoint, output_dir=cfg.run.output_dir))
+    if common.inside_launcher():
+        from reasonctl.cli.launch import follow_launcher
+
+        follow_launcher()
     from reasonctl.core.runner import run
 
     result = run(cfg, host=common.host())
@@ -175,11 +190,12 @@ def env_command(
 
 def main() -> None:
     """Console-script entry point."""
+    common.install_redacting_excepthooks()
     strict = "--strict-plugins" in sys.argv[1:] or env_flag("REASONCTL_STRICT_PLUGINS")
     try:
         host = common.init_host(strict=strict)
     except Exception as exc:  # strict mode: a broken plugin is fatal
-        console.print(f"[red]error:[/] {exc}", markup=True, highlight=False)
+        console.print(f"[red]error:[/] {escape(redact_text(str(exc)))}", highlight=False)
         sys.exit(1)
     app = build_app(host)
     app()

@@ -21,7 +21,12 @@ from reasonctl.core.config import (
     load_config_with_sources,
     redact_text,
 )
-from reasonctl.core.errors import ComponentUnavailableError, ConfigError, ReasonctlError
+from reasonctl.core.errors import (
+    ComponentUnavailableError,
+    ConfigError,
+    ReasonctlError,
+    UsageError,
+)
 from reasonctl.core.plugins import PluginHost
 
 console = Console(stderr=True)
@@ -82,7 +87,7 @@ def handle_errors(func: F) -> F:
             return func(*args, **kwargs)
         except (typer.Exit, typer.Abort, SystemExit):
             raise
-        except (ConfigError, ComponentUnavailableError) as exc:
+        except (ConfigError, ComponentUnavailableError, UsageError) as exc:
             fail(str(exc), code=2)
         except ValidationError as exc:  # a component validating its own options late
             lines = "\n".join(f"  - {p}" for p in format_validation_errors(exc, BaseModel))
@@ -99,6 +104,30 @@ def handle_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def install_redacting_excepthooks() -> None:
+    """Print uncaught exceptions (main thread and other threads) with secrets redacted.
+
+    :func:`handle_errors` covers the commands; these hooks cover what escapes them (plugin
+    loading, Typer itself, background threads).
+    """
+    import threading
+
+    def print_redacted(exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        sys.stderr.write(redact_text(text))
+        sys.stderr.flush()
+
+    def thread_hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:
+            return
+        name = args.thread.name if args.thread is not None else "?"
+        sys.stderr.write(f"Exception in thread {name}:\n")
+        print_redacted(args.exc_type, args.exc_value, args.exc_traceback)
+
+    sys.excepthook = print_redacted
+    threading.excepthook = thread_hook
+
+
 def flag_values(**flags: Any) -> dict[str, Any]:
     """Map CLI flags onto config keys (unset flags are left out)."""
     values: dict[str, Any] = {}
@@ -110,6 +139,8 @@ def flag_values(**flags: Any) -> dict[str, Any]:
         values.setdefault("run", {})["output_dir"] = flags["output_dir"]
     if flags.get("resume"):
         values.setdefault("run", {})["resume"] = True
+    if flags.get("resume_with_changes"):
+        values.setdefault("run", {})["resume_with_changes"] = True
     return values
 
 
@@ -127,7 +158,7 @@ def load_with_sources(
 
 
 def inside_launcher() -> bool:
-    """True in a worker started by torch's elastic launcher."""
+    """True in a worker started by a launcher (``--nproc-per-node``, torchrun)."""
     return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
 
 
@@ -138,6 +169,7 @@ def forwarded_run_args(
     set_: list[str] | None,
     output_dir: str | None,
     resume: bool,
+    resume_with_changes: bool = False,
 ) -> list[str]:
     """The ``reasonctl run`` arguments each launched worker receives."""
     args = ["run"]
@@ -153,6 +185,8 @@ def forwarded_run_args(
         args += ["--output-dir", output_dir]
     if resume:
         args.append("--resume")
+    if resume_with_changes:
+        args.append("--resume-with-changes")
     if "--strict-plugins" in sys.argv:
         args.insert(0, "--strict-plugins")
     return args
@@ -168,6 +202,9 @@ def report_result(result: Any) -> None:
     if result.skipped_rows:
         lines.append(f"skipped {result.skipped_rows} malformed data rows (data.on_bad_row=skip); "
                      f"each is listed in {result.output_dir / 'skipped_rows.jsonl'}")
+    if result.nonfinite_steps:
+        lines.append(f"skipped {result.nonfinite_steps} steps with a non-finite loss or "
+                     "gradient norm (train.on_nonfinite=skip)")
     for line in lines:
         console.print(line, highlight=False)
     if result.upload_failures:
@@ -175,4 +212,4 @@ def report_result(result: Any) -> None:
             console.print(f"[red]upload failed:[/] {escape(redact_text(failure))}",
                           highlight=False)
         fail("training finished but some uploads failed; the local copies listed above are "
-             "intact — push them later with `reasonctl export PATH --to URI`", code=1)
+             f"intact — push them later with `reasonctl upload {result.output_dir}`", code=1)

@@ -23,6 +23,11 @@ class ConfigError(ReasonctlError):
         super().__init__(f"Invalid configuration ({len(problems)} problem(s)):\n{lines}")
 
 
+class UsageError(ReasonctlError):
+    """The request cannot be carried out as given (exit code 2): the message says what to
+    change, e.g. another output directory or a resume flag."""
+
+
 class ComponentUnavailableError(ReasonctlError, KeyError):
     """A component name that cannot be used: unknown, claimed by two plugins, or broken.
 
@@ -144,6 +149,14 @@ class RewardLengthError(RewardError):
 
 class RunInterrupted(ReasonctlError):
     """The run stopped on a signal after saving a checkpoint."""
+
+
+class RunAbandonedError(ReasonctlError):
+    """A second signal abandoned work after training (the final export, the upload wait)."""
+
+
+class NonFiniteError(ReasonctlError):
+    """A loss, gradient norm or weight is NaN or infinite."""
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:

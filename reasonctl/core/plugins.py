@@ -20,6 +20,7 @@ from typing import Any
 import pluggy
 
 from reasonctl.core import hookspecs, protocols
+from reasonctl.core.config.redaction import redact_text
 from reasonctl.core.errors import PluginLoadError, ReasonctlError, did_you_mean
 from reasonctl.core.lifecycle import LifecycleHooks
 from reasonctl.core.registry import KINDS, PluginInfo, Registrar, Registry
@@ -211,8 +212,8 @@ class PluginHost:
     def _fail(self, record: PluginRecord, message: str, exc: BaseException) -> None:
         where = f"{record.distribution} {record.version}" if record.distribution else "ad-hoc"
         record.status = "error"
-        record.error = f"plugin {record.name!r} ({where}) {message}"
-        record.traceback = "".join(traceback.format_exception(exc))
+        record.error = redact_text(f"plugin {record.name!r} ({where}) {message}")
+        record.traceback = redact_text("".join(traceback.format_exception(exc)))
         if record not in self.records:
             self.records.append(record)
         if self.strict:

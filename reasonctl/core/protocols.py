@@ -524,10 +524,11 @@ class ReportsEfficiency(Protocol):
 
 @runtime_checkable
 class ReportsMemory(Protocol):
-    """Optional for backends: device memory metrics added to each step (default: none)."""
+    """Optional for backends: device memory metrics the runner adds to every step's metrics
+    (every algorithm gets them; an algorithm's own key of the same name wins). Default: none."""
 
     def memory_metrics(self) -> Metrics:
-        """E.g. ``memory/peak_gib``."""
+        """E.g. ``peak_mem_gb``."""
         ...
 
 
@@ -656,6 +657,16 @@ class Storage(Protocol):
 
 
 @runtime_checkable
+class ChecksAccess(Protocol):
+    """Optional capability of a storage: check credentials and target before a run."""
+
+    def check_access(self, uri: str) -> None:
+        """Raise :class:`~reasonctl.core.storage.StorageError` (``permanent=True`` for what
+        no retry fixes) when ``uri`` cannot be written with the current credentials."""
+        ...
+
+
+@runtime_checkable
 class Logger(Protocol):
     """Receives metrics; only the main rank's loggers are built and called."""
 
@@ -725,6 +736,12 @@ def skipped_row_reports(dataset: Dataset) -> list[tuple[str, str]]:
     return list(dataset.skipped) if isinstance(dataset, ReportsSkippedRows) else []
 
 
+def check_storage_access(storage: Storage, uri: str) -> None:
+    """Run the storage's start-of-run check of ``uri`` (nothing by default)."""
+    if isinstance(storage, ChecksAccess):
+        storage.check_access(uri)
+
+
 def reward_media_type(reward: Reward) -> str:
     """What ``reward`` scores: its :class:`ScoresMedia` ``media_type``, else ``"text"``."""
     return str(reward.media_type) if isinstance(reward, ScoresMedia) else "text"
@@ -739,6 +756,7 @@ __all__ = [
     "PROTOCOLS",
     "Algorithm",
     "Backend",
+    "ChecksAccess",
     "Closes",
     "CountsSkippedRows",
     "Dataset",
@@ -769,6 +787,7 @@ __all__ = [
     "ValidatesRunConfig",
     "algorithm_needs",
     "changed_state_dict",
+    "check_storage_access",
     "generation_model",
     "reward_media_type",
     "shares_policy_weights",

@@ -9,30 +9,46 @@ processor, dataset, reward set, reference model, rollout engine and evaluator), 
 until ``ctx.total_steps`` (evaluating every ``eval.every_steps``), sends metrics to loggers,
 saves checkpoints, handles SIGTERM/SIGUSR1/SIGINT by saving and exiting, and exports the
 final model. It knows nothing about models or ranks beyond what the backend tells it.
+
+Around the loop: the output directory's lock, the resume point and its config check
+(:mod:`reasonctl.core.resume`), checkpoints of abandoned branches moved aside, steps with a
+non-finite loss or gradient norm stopped or skipped (``train.on_nonfinite``), signals
+handled until the run returns (:mod:`reasonctl.core.signals`), and an export that fails on
+any process fails on all of them.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import math
 import random
-import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reasonctl.core.checkpoint import CheckpointManager, load_rng_state, read_checkpoint
+from reasonctl.core.checkpoint import CheckpointInfo, CheckpointManager, load_rng_state
 from reasonctl.core.composition import build_algorithm, build_backend, build_component, compose
 from reasonctl.core.config import RunConfig, redact_text
-from reasonctl.core.errors import ReasonctlError
+from reasonctl.core.errors import NonFiniteError, ReasonctlError, RunAbandonedError
+from reasonctl.core.output_lock import output_lock
 from reasonctl.core.plugins import PluginHost
-from reasonctl.core.protocols import Algorithm, Closes, Logger, RunContext, algorithm_needs
+from reasonctl.core.protocols import (
+    Algorithm,
+    Closes,
+    Logger,
+    ReportsMemory,
+    RunContext,
+    algorithm_needs,
+)
+from reasonctl.core.resume import (
+    check_resume_config,
+    config_hash,
+    config_record,
+    select_resume_point,
+)
+from reasonctl.core.signals import SignalAbandon, StopRequest, stop_signals
 from reasonctl.core.types import Metrics
-
-STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 
 
 @dataclass
@@ -47,46 +63,8 @@ class RunResult:
     checkpoint_dir: Path | None = None
     upload_failures: list[str] = field(default_factory=list)
     skipped_rows: int = 0
-
-
-class StopRequest:
-    """Records a stop signal; the loop checks it between steps."""
-
-    def __init__(self) -> None:
-        self.signal_name: str | None = None
-        self._interrupts = 0
-
-    def __call__(self, signum: int, frame: Any) -> None:
-        name = signal.Signals(signum).name
-        if name == "SIGINT":
-            self._interrupts += 1
-            if self._interrupts > 1:
-                raise KeyboardInterrupt
-        self.signal_name = name
-
-    @property
-    def requested(self) -> bool:
-        """True once a stop signal arrived."""
-        return self.signal_name is not None
-
-
-@contextmanager
-def stop_signals(handler: StopRequest) -> Iterator[None]:
-    """Install ``handler`` for the stop signals (main thread only), restoring afterwards."""
-    previous: dict[int, Any] = {}
-    try:
-        for name in STOP_SIGNALS:
-            sig = getattr(signal, name, None)
-            if sig is None:
-                continue
-            try:
-                previous[sig] = signal.signal(sig, handler)
-            except ValueError:  # not in the main thread: leave signals alone
-                break
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    nonfinite_steps: int = 0
+    """Steps skipped for a non-finite loss or gradient norm (``train.on_nonfinite``)."""
 
 
 def env_rank() -> int:
@@ -106,29 +84,31 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def config_hash(config: RunConfig) -> str:
-    """A short hash of the config that determines training (``run`` section excluded)."""
-    data = config.to_dict(redact=False)
-    data.pop("run", None)
-    data.pop("logging", None)
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def run(config: RunConfig, *, host: PluginHost, progress: bool = True) -> RunResult:
     """Run training as configured and return a :class:`RunResult`.
 
     ``host`` holds the plugins, loaded once by the caller (the CLI, or :func:`reasonctl.run`,
-    which adds run-local plugins to it first).
+    which adds run-local plugins to it first). The main process holds the output
+    directory's lock (:mod:`reasonctl.core.output_lock`) and stop signals are handled
+    (:mod:`reasonctl.core.signals`) from the start until the run returns.
     """
+    stop = StopRequest()
+    output_dir = Path(config.run.output_dir)
+    lock = output_lock(output_dir, log=_stderr) if env_rank() == 0 else nullcontext()
+    with stop_signals(stop), lock:
+        return _run(config, host, progress, stop)
+
+
+def _run(config: RunConfig, host: PluginHost, progress: bool, stop: StopRequest) -> RunResult:
     registry = host.registry
     output_dir = Path(config.run.output_dir)
-    is_main = env_rank() == 0
-    if is_main:
+    ctx = RunContext(config=config, registry=registry, hooks=host.hooks, output_dir=output_dir)
+    resumed = _resume_point(ctx)
+    if env_rank() == 0:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.toml").write_text(config.to_toml(redact=True))
     seed_everything(config.run.seed)
 
-    ctx = RunContext(config=config, registry=registry, hooks=host.hooks, output_dir=output_dir)
     for record in host.errors:
         ctx.info(f"warning: {record.error} (skipped; see `reasonctl plugins`)")
     backend = ctx.backend = build_backend(ctx)
@@ -139,33 +119,49 @@ def run(config: RunConfig, *, host: PluginHost, progress: bool = True) -> RunRes
     result = RunResult(status="failed", output_dir=output_dir, steps=0)
     uploader = None
     try:
+        if config.checkpoint.upload and env_rank() == 0:
+            from reasonctl.core.uploads import Uploader
+
+            uploader = Uploader(registry, config, output_dir)
+            uploader.check_access()  # wrong credentials or bucket: fail before training
         backend.setup(ctx)
-        ctx.checkpoints = CheckpointManager(
+        checkpoints = ctx.checkpoints = CheckpointManager(
             output_dir / "checkpoints",
             keep=config.checkpoint.keep,
             is_main=backend.is_main,
             barrier=backend.barrier,
             rank=env_rank(),
+            agree=lambda ok: not _any_process(ctx, not ok),
         )
-        if config.checkpoint.upload and backend.is_main:
-            from reasonctl.core.uploads import Uploader
-
-            uploader = Uploader(registry, config, output_dir)
-        if config.run.resume and uploader is not None:
-            uploader.pull_latest_checkpoint_if_missing(ctx.checkpoints)
+        if resumed is None and config.run.resume is True and uploader is not None:
+            uploader.pull_latest_checkpoint_if_missing(checkpoints)
         backend.barrier()
+        if resumed is None and config.run.resume is True:
+            resumed = _resume_point(ctx)  # pulled from the upload target
+        checkpoints.begin(resumed)
         compose(ctx, needs)
         algorithm.setup(ctx)
-        _maybe_resume(ctx, algorithm)
+        if resumed is not None:
+            _restore(ctx, algorithm, resumed)
+        _retire_abandoned(ctx, resumed)  # only once the resume point has loaded
         if backend.is_main and progress:
             loggers = _build_loggers(ctx)
         host.hooks.on_run_start(ctx)
-        result.last_metrics = _loop(ctx, algorithm, loggers, uploader)
-        ctx.checkpoints.wait()  # a checkpoint still being written is committed now
+        result.last_metrics = _loop(ctx, algorithm, loggers, uploader, stop, result)
+        with stop.phase("checkpoint write", "the checkpoint being written (the complete ones "
+                        "before it are kept)"):
+            checkpoints.wait()  # a checkpoint still being written is committed now
         status = "interrupted" if ctx.stop_signal else "completed"
-        result.checkpoint_dir = ctx.checkpoints.last_committed
+        result.checkpoint_dir = checkpoints.last_committed
         if status == "completed" and config.checkpoint.export_final:
-            result.export_dir = _export(ctx, output_dir / "export" / "final", uploader)
+            newest = result.checkpoint_dir
+            kept = (f"the newest checkpoint {newest} is kept" if newest is not None
+                    else "no checkpoint holds the final weights")
+            with stop.phase("final export", f"the final export ({kept})"):
+                result.export_dir = _export(ctx, output_dir / "export" / "final", uploader)
+    except SignalAbandon as exc:
+        error = RunAbandonedError(str(exc))
+        raise error from None
     except BaseException as exc:
         error = exc
         raise
@@ -174,7 +170,7 @@ def run(config: RunConfig, *, host: PluginHost, progress: bool = True) -> RunRes
         result.steps = ctx.step
         result.skipped_rows = ctx.skipped_rows
         if uploader is not None:
-            result.upload_failures = uploader.finish()
+            result.upload_failures = uploader.finish(stop)
         for logger in loggers:
             logger.close()
         host.hooks.on_run_end(ctx, result.status, error)
@@ -185,78 +181,129 @@ def run(config: RunConfig, *, host: PluginHost, progress: bool = True) -> RunRes
     return result
 
 
-def _maybe_resume(ctx: RunContext, algorithm: Algorithm) -> None:
-    resume = ctx.config.run.resume
-    if not resume or ctx.checkpoints is None or ctx.backend is None:
-        return
-    if isinstance(resume, str):
-        info = read_checkpoint(Path(resume))
-    else:
-        info = ctx.checkpoints.latest()
-        for torn in ctx.checkpoints.torn:
-            ctx.info(f"skipping incomplete checkpoint {torn}")
-        if info is None:
+def _resume_point(ctx: RunContext) -> CheckpointInfo | None:
+    """The checkpoint to resume, after checking the config still fits it (every rank)."""
+    info = select_resume_point(ctx.config, ctx.output_dir / "checkpoints", ctx.info)
+    if info is None:
+        if ctx.config.run.resume:
             ctx.info("run.resume: no complete checkpoint found; starting from scratch")
-            return
+        return None
+    check_resume_config(info, ctx.config, ctx.info)
+    return info
+
+
+def _retire_abandoned(ctx: RunContext, resumed: CheckpointInfo | None) -> None:
+    """Move checkpoints that are not ancestors of the starting point aside (main rank)."""
+    assert ctx.checkpoints is not None and ctx.backend is not None
+    moved = ctx.checkpoints.retire(resumed)
+    if moved is not None:
+        target, names = moved
+        why = (f"they do not lead to {resumed.path.name}" if resumed is not None
+               else "this run starts from scratch (run.resume is off)")
+        ctx.info(f"moved {len(names)} earlier checkpoint(s) ({', '.join(sorted(names))}) to "
+                 f"{target}: {why}; they are no longer resumed, pruned or overwritten "
+                 "(delete them when not needed)")
+    ctx.backend.barrier()
+
+
+def _restore(ctx: RunContext, algorithm: Algorithm, info: CheckpointInfo) -> None:
+    assert ctx.backend is not None
     ctx.info(f"resuming from {info.path} (step {info.step})")
     ctx.backend.load_checkpoint(info.path / "state")
     algorithm.load_state_dict(info.manifest.get("algorithm", {}))
     if not load_rng_state(info.path / f"rng_rank{env_rank()}.pt"):
         load_rng_state(info.path / "rng_rank0.pt")
     ctx.step = info.step
+    if ctx.step >= ctx.total_steps:
+        ctx.info(f"checkpoint step {ctx.step} is at or past the run's {ctx.total_steps} "
+                 "steps: nothing left to train")
 
 
 def _build_loggers(ctx: RunContext) -> list[Logger]:
     return [build_component(ctx, "logger", "logging", name) for name in ctx.config.logging.loggers]
 
 
-def _loop(ctx: RunContext, algorithm: Algorithm, loggers: list[Logger], uploader: Any) -> Metrics:
+def _loop(ctx: RunContext, algorithm: Algorithm, loggers: list[Logger], uploader: Any,
+          stop: StopRequest, result: RunResult) -> Metrics:
     assert ctx.backend is not None and ctx.checkpoints is not None
     config = ctx.config
-    stop = StopRequest()
     metrics: Metrics = {}
     every = config.checkpoint.every_steps
-    with stop_signals(stop):
-        while ctx.step < ctx.total_steps:
-            started = time.perf_counter()
-            metrics = dict(algorithm.step(ctx))
-            ctx.step += 1
-            metrics.setdefault("step_time_s", time.perf_counter() - started)
-            if ctx.evaluator is not None and ctx.step % config.eval.every_steps == 0:
-                metrics.update(ctx.evaluator.evaluate(ctx))
-            ctx.hooks.on_step_end(ctx, ctx.step, metrics)
-            if ctx.step % config.logging.every_steps == 0 or ctx.step == ctx.total_steps:
-                for logger in loggers:
-                    logger.log(metrics, ctx.step)
-            stop_now = _agreed_stop(ctx, stop)
-            on_signal = stop_now and config.run.on_signal == "checkpoint"
-            ctx.checkpoints.poll()
-            if (every and ctx.step % every == 0) or on_signal:
-                _save_checkpoint(ctx, algorithm, uploader)
-            if stop_now:
-                ctx.stop_signal = stop.signal_name or "signal"
-                ctx.info(f"stopping at step {ctx.step} on {ctx.stop_signal}")
-                break
+    if ctx.step < ctx.total_steps and _any_process(ctx, stop.requested):
+        ctx.stop_signal = stop.signal_name or "signal"  # before the first step: nothing to save
+        ctx.info(f"stopping before step {ctx.step + 1} on {ctx.stop_signal}")
+        return metrics
+    while ctx.step < ctx.total_steps:
+        started = time.perf_counter()
+        metrics = dict(algorithm.step(ctx))
+        ctx.step += 1
+        metrics.setdefault("step_time_s", time.perf_counter() - started)
+        if isinstance(ctx.backend, ReportsMemory):
+            for key, value in ctx.backend.memory_metrics().items():
+                metrics.setdefault(key, value)
+        nonfinite = _nonfinite(metrics)
+        if nonfinite and config.train.on_nonfinite == "skip":
+            result.nonfinite_steps += 1
+            metrics["nonfinite_steps"] = float(result.nonfinite_steps)
+            ctx.info(f"step {ctx.step}: {nonfinite}; weights unchanged, step skipped "
+                     f"(train.on_nonfinite = 'skip'; {result.nonfinite_steps} so far)")
+        if ctx.evaluator is not None and ctx.step % config.eval.every_steps == 0:
+            metrics.update(ctx.evaluator.evaluate(ctx))
+        ctx.hooks.on_step_end(ctx, ctx.step, metrics)
+        if ctx.step % config.logging.every_steps == 0 or ctx.step == ctx.total_steps:
+            for logger in loggers:
+                logger.log(metrics, ctx.step)
+        if nonfinite and config.train.on_nonfinite == "stop":
+            _stop_on_nonfinite(ctx, nonfinite)
+        stop_now = _any_process(ctx, stop.requested)
+        on_signal = stop_now and config.run.on_signal == "checkpoint"
+        ctx.checkpoints.poll()
+        if (every and ctx.step % every == 0) or on_signal:
+            _save_checkpoint(ctx, algorithm, uploader)
+        if stop_now:
+            ctx.stop_signal = stop.signal_name or "signal"
+            ctx.info(f"stopping at step {ctx.step} on {ctx.stop_signal}")
+            break
     return metrics
 
 
-def _agreed_stop(ctx: RunContext, stop: StopRequest) -> bool:
-    """Whether any process received a stop signal (all processes must agree to stop).
+def _nonfinite(metrics: Metrics) -> str:
+    """``"non-finite loss (nan)"``-style description of the step's bad values, or ``""``."""
+    bad = [f"{key} {metrics[key]}" for key in ("loss", "grad_norm")
+           if key in metrics and not math.isfinite(float(metrics[key]))]
+    return f"non-finite {' and '.join(bad)}" if bad else ""
 
-    Agreement spans every process of the job, not just data-parallel ranks: tensor- or
-    pipeline-parallel peers must stop at the same step too.
+
+def _stop_on_nonfinite(ctx: RunContext, nonfinite: str) -> None:
+    """End the run on a non-finite step (every process sees the same reduced metrics)."""
+    assert ctx.checkpoints is not None
+    ctx.checkpoints.wait()  # an earlier checkpoint still being written is kept
+    newest = ctx.checkpoints.latest()
+    kept = f"the newest checkpoint is {newest.path}" if newest else "no checkpoint was written"
+    raise NonFiniteError(
+        f"step {ctx.step}: {nonfinite}. The run stopped (train.on_nonfinite = 'stop'): this "
+        f"step's update was not applied, nothing was exported, and {kept}. Lower train.lr, "
+        "check train.max_grad_norm and the data, or set train.on_nonfinite = 'skip' to skip "
+        "such steps"
+    )
+
+
+def _any_process(ctx: RunContext, flag: bool) -> bool:
+    """Whether ``flag`` is true on any process of the job (collective on every process).
+
+    Agreement spans every process, not just data-parallel ranks: tensor- or
+    pipeline-parallel peers must stop (or give up a checkpoint) at the same point too.
     """
     import torch
     import torch.distributed as dist
 
-    requested = stop.requested
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return requested
+        return flag
     assert ctx.backend is not None
     device = ctx.backend.device if dist.get_backend() == "nccl" else torch.device("cpu")
-    flag = torch.tensor([1.0 if requested else 0.0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item() > 0)
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item() > 0)
 
 
 def _save_checkpoint(ctx: RunContext, algorithm: Algorithm, uploader: Any) -> Path | None:
@@ -264,6 +311,7 @@ def _save_checkpoint(ctx: RunContext, algorithm: Algorithm, uploader: Any) -> Pa
     assert ctx.backend is not None and ctx.checkpoints is not None
     manifest = {
         "config_hash": config_hash(ctx.config),
+        "config": config_record(ctx.config),
         "algorithm": algorithm.state_dict(),
         "world_size": ctx.backend.world_size,
     }
@@ -291,14 +339,32 @@ def _save_checkpoint(ctx: RunContext, algorithm: Algorithm, uploader: Any) -> Pa
 
 
 def _export(ctx: RunContext, directory: Path, uploader: Any) -> Path:
+    """Export on every process; a failure on any of them fails the export on all."""
     assert ctx.backend is not None
-    ctx.backend.export(directory)
+    error: BaseException | None = None
+    try:
+        ctx.backend.export(directory)
+    except (KeyboardInterrupt, SystemExit, SignalAbandon):
+        raise
+    except BaseException as exc:
+        error = exc
+    if _any_process(ctx, error is not None):
+        if error is not None:
+            raise error
+        raise ReasonctlError(f"exporting the model to {directory} failed on another process "
+                             "(its own message names the reason)")
     ctx.backend.barrier()
     if ctx.is_main:
         ctx.info(f"exported model to {directory}")
         if uploader is not None:
             uploader.submit(directory, str(directory.relative_to(ctx.output_dir)))
     return directory
+
+
+def _stderr(message: str) -> None:
+    import sys
+
+    print(message, file=sys.stderr, flush=True)
 
 
 def format_error(exc: BaseException) -> str:

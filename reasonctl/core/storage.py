@@ -34,7 +34,23 @@ log = logging.getLogger("reasonctl.storage")
 
 
 class StorageError(ReasonctlError):
-    """A storage operation failed; the message names the URI and what to do."""
+    """A storage operation failed; the message names the URI and what to do.
+
+    ``permanent`` marks failures another attempt cannot fix (no credentials, access
+    denied, no such bucket or repository): they are reported at once, not retried.
+    """
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether retrying the operation that raised ``exc`` cannot help."""
+    if isinstance(exc, StorageError):
+        return exc.permanent
+    return isinstance(exc, (PermissionError, FileNotFoundError, NotADirectoryError,
+                            IsADirectoryError))
 
 
 def open_storage(registry: Registry, uri: str, config: RunConfig | None = None) -> Storage:
@@ -58,12 +74,14 @@ def retry(
     what: str,
     retryable: Callable[[BaseException], bool] = lambda exc: True,
     max_backoff_s: float = 60.0,
+    deadline: float | None = None,
 ) -> T:
     """Call ``action`` up to ``attempts`` times with exponential backoff between failures.
 
     The wait before retry ``n`` (1-based) is ``backoff_s * 2**(n-1)`` (at most
     ``max_backoff_s``) times a random factor in [0.5, 1.5) so parallel clients spread out.
-    Exceptions for which ``retryable`` is false, and the last failure, propagate unchanged.
+    Exceptions for which ``retryable`` is false, and the last failure, propagate unchanged;
+    so does a failure whose retry would start after ``deadline`` (``time.monotonic()``).
     """
     for attempt in range(1, max(1, attempts) + 1):
         try:
@@ -72,6 +90,8 @@ def retry(
             if attempt >= attempts or not retryable(exc):
                 raise
             delay = min(max_backoff_s, backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                raise
             log.warning(
                 "%s failed (attempt %d of %d): %s; retrying in %.1f s",
                 what, attempt, attempts, describe_error(exc), delay,
@@ -188,6 +208,7 @@ __all__ = [
     "describe_error",
     "describe_local",
     "fetch_model",
+    "is_permanent",
     "is_remote",
     "iter_files",
     "join_uri",

@@ -1,40 +1,51 @@
 """Background uploads of checkpoints and exports to the ``checkpoint.upload`` targets.
 
-Each target URI gets one worker thread that uploads submitted paths in order, so training
-never waits for the network and a slow target does not hold back the others. A failed
-upload is retried with exponential backoff; what still failed is reported at the end of
-the run with the local path to push again. Uploads never delete or modify local files.
+Each target URI gets :data:`WORKERS_PER_TARGET` threads, so training never waits for the
+network, a slow target does not hold back the others, and the paths submitted at one step
+(a checkpoint and the final export) upload in parallel. A failed upload is retried
+(``checkpoint.upload_attempts``, with exponential backoff) unless the error is permanent
+(no credentials, access denied, no such bucket): then it, and every later upload to that
+target, fails at once with that reason. :meth:`Uploader.check_access` checks credentials
+and targets before training. The end of the run waits at most ``checkpoint.upload_wait_s``
+for pending uploads; a second signal stops the wait early. Uploads never delete or modify
+local files.
 
-Submitting a path first snapshots it as hard links under ``<output_dir>/.uploads/`` (no
-data is copied), so pruning old checkpoints (``checkpoint.keep``) cannot remove files from
-under a pending upload; the snapshot is removed once every target has the files. The upload
-of a checkpoint directory (one holding ``manifest.json``) ends with a marker file,
-:data:`UPLOAD_MARKER`. With ``run.resume = true`` and no local checkpoint,
+Submitting a path first snapshots it as hard links (no data is copied) into a directory
+unique to this run, ``<output_dir>/pending-uploads/<run id>/<n>/``, with a record of its
+targets (:mod:`reasonctl.core.pending_uploads`): pruning old checkpoints
+(``checkpoint.keep``) or a later run cannot remove files from under a pending upload. The
+snapshot is removed once every target has the files; what failed stays there, is named in
+the report, and ``reasonctl upload OUTPUT_DIR`` pushes it later. The upload of a checkpoint
+directory (one holding ``manifest.json``) ends with a marker file, :data:`UPLOAD_MARKER`.
+With ``run.resume = true`` and no local checkpoint,
 :meth:`Uploader.pull_latest_checkpoint_if_missing` downloads the newest checkpoint that
 carries it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import queue
-import re
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reasonctl.core.checkpoint import MANIFEST, CheckpointManager
-from reasonctl.core.errors import ReasonctlError
+from reasonctl.core.checkpoint import CheckpointManager
+from reasonctl.core.errors import ReasonctlError, UsageError
+from reasonctl.core.pending_uploads import PENDING_DIR, PendingRecord, new_run_id
+from reasonctl.core.protocols import check_storage_access
+from reasonctl.core.remote_checkpoints import UPLOAD_MARKER, pull_newest_checkpoint, push
+from reasonctl.core.signals import SignalAbandon, StopRequest
 from reasonctl.core.storage import (
     StorageError,
     describe_error,
     describe_local,
+    is_permanent,
     iter_files,
     join_uri,
     open_storage,
@@ -48,10 +59,7 @@ if TYPE_CHECKING:
     from reasonctl.core.protocols import Storage
     from reasonctl.core.registry import Registry
 
-UPLOAD_MARKER = ".upload-complete.json"
-"""Written last into an uploaded checkpoint directory; its presence marks it complete."""
-STAGING_DIR = ".uploads"
-_REMOTE_STEP = re.compile(r"^step_(\d+)/(.+)$")
+WORKERS_PER_TARGET = 2
 
 
 class SourceGone(StorageError):
@@ -65,14 +73,16 @@ class UploadJob:
     relative: str
     local: Path
     source: Path
-    staging: Path | None
-    remaining: int
-    failed: bool = False
+    directory: Path
+    record: PendingRecord
+    finished: set[str] = field(default_factory=set)
+    """Targets that have the files."""
+    failures: dict[str, UploadFailure] = field(default_factory=dict)
 
 
 @dataclass
 class UploadFailure:
-    """An upload that did not complete after all attempts."""
+    """An upload that did not complete."""
 
     uri: str
     local: Path
@@ -92,6 +102,8 @@ class Uploader:
     returns at once. ``finish()`` waits for pending uploads, prints a report of what is
     missing where (stderr) and returns it as lines. Storage plugins are built up front, so
     an unknown scheme or a missing optional dependency fails at the start of the run.
+    ``attempts``, ``backoff_s`` and ``wait_s`` default to ``checkpoint.upload_attempts``,
+    10 s and ``checkpoint.upload_wait_s``.
     """
 
     def __init__(
@@ -100,15 +112,18 @@ class Uploader:
         config: RunConfig,
         output_dir: Path,
         *,
-        attempts: int = 3,
+        attempts: int | None = None,
         backoff_s: float = 10.0,
+        wait_s: float | None = None,
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
         self.output_dir = Path(output_dir)
         self.targets = [t.rstrip("/") for t in config.checkpoint.upload]
-        self.attempts = attempts
+        self.attempts = attempts or config.checkpoint.upload_attempts
         self.backoff_s = backoff_s
+        self.wait_s = wait_s or config.checkpoint.upload_wait_s
+        self.pending_root = self.output_dir / PENDING_DIR / new_run_id()
         self._log = log or _stderr
         self._storages: dict[str, Storage] = {
             target: open_storage(registry, target, config) for target in self.targets
@@ -116,19 +131,40 @@ class Uploader:
         self._queues: dict[str, queue.Queue[UploadJob | None]] = {}
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
-        self._failures: list[tuple[UploadFailure, UploadJob]] = []
-        self._pending = 0
-        self._sequence = 0
+        self._jobs: list[UploadJob] = []
+        self._dead: dict[str, str] = {}
+        """Targets that failed permanently, with the reason."""
+        self._closed = False
         self._report: list[str] | None = None
         for target in self.targets:
             jobs: queue.Queue[UploadJob | None] = queue.Queue()
-            thread = threading.Thread(
-                target=self._work, args=(target, jobs), daemon=True,
-                name=f"reasonctl-upload-{parse_uri(target)[0]}",
-            )
             self._queues[target] = jobs
-            self._threads.append(thread)
-            thread.start()
+            for index in range(WORKERS_PER_TARGET):
+                thread = threading.Thread(
+                    target=self._work, args=(target, jobs), daemon=True,
+                    name=f"reasonctl-upload-{parse_uri(target)[0]}-{index}",
+                )
+                self._threads.append(thread)
+                thread.start()
+
+    def check_access(self) -> None:
+        """Check every target's credentials and location before training.
+
+        A permanent problem (no or wrong credentials, access denied, no such bucket) raises
+        :class:`~reasonctl.core.errors.UsageError` (exit code 2); a temporary one (endpoint
+        unreachable) is reported and the uploads retry later.
+        """
+        for target, storage in self._storages.items():
+            try:
+                check_storage_access(storage, target)
+            except Exception as exc:
+                if not is_permanent(exc):
+                    self._log(f"warning: checkpoint.upload {target}: {describe_error(exc)}; "
+                              "uploads will be retried during the run")
+                    continue
+                raise UsageError(f"checkpoint.upload: {describe_error(exc)}. Fix the "
+                                 "credentials or the target, or remove it from "
+                                 "checkpoint.upload; nothing was trained") from exc
 
     # --- submitting -----------------------------------------------------------------------
 
@@ -139,46 +175,53 @@ class Uploader:
         local_path = Path(local_path)
         if not local_path.exists():
             raise StorageError(f"cannot upload {local_path}: it does not exist")
+        relative = relative.strip("/")
         with self._lock:
-            self._sequence += 1
-            sequence = self._sequence
-            self._pending += 1
-        source, staging = self._snapshot(local_path, sequence)
-        job = UploadJob(relative.strip("/"), local_path, source, staging, len(self.targets))
+            directory = self.pending_root / f"{len(self._jobs) + 1:05d}"
+        source, snapshot = self._snapshot(local_path, directory)
+        record = PendingRecord(str(local_path), snapshot,
+                               {join_uri(t, relative): "pending" for t in self.targets})
+        record.save(directory)
+        job = UploadJob(relative, local_path, source, directory, record)
+        with self._lock:
+            self._jobs.append(job)
         for jobs in self._queues.values():
             jobs.put(job)
 
     def pending(self) -> int:
         """Submitted paths not yet finished on every target."""
         with self._lock:
-            return self._pending
+            return sum(1 for job in self._jobs if not self._settled(job))
 
-    def _snapshot(self, local: Path, sequence: int) -> tuple[Path, Path | None]:
-        """Hard-link ``local`` into the staging area; fall back to ``local`` itself."""
-        root = self.output_dir / STAGING_DIR
-        if root.resolve().is_relative_to(local.resolve()):
+    def _settled(self, job: UploadJob) -> bool:
+        return len(job.finished) + len(job.failures) >= len(self.targets)
+
+    def _snapshot(self, local: Path, directory: Path) -> tuple[Path, str | None]:
+        """Hard-link ``local`` into ``directory``; fall back to ``local`` itself."""
+        directory.mkdir(parents=True)
+        if self.pending_root.resolve().is_relative_to(local.resolve()):
             return local, None
-        staging = root / f"{sequence:05d}"
-        dest = staging / local.name
+        dest = directory / local.name
         try:
             if local.is_file():
-                dest.parent.mkdir(parents=True, exist_ok=True)
                 os.link(local, dest)
             else:
-                dest.mkdir(parents=True)
+                dest.mkdir()
                 for path, rel in iter_files(local):
                     (dest / rel).parent.mkdir(parents=True, exist_ok=True)
                     os.link(path, dest / rel)
         except OSError:  # no hard links here (other filesystem, FAT, ...): upload in place
-            remove_tree(staging)
+            remove_tree(dest)
             return local, None
-        return dest, staging
+        return dest, local.name
 
     # --- workers --------------------------------------------------------------------------
 
     def _work(self, target: str, jobs: queue.Queue[UploadJob | None]) -> None:
         storage = self._storages[target]
         while (job := jobs.get()) is not None:
+            if self._closed:
+                return
             uri = join_uri(target, job.relative)
             attempts = 0
 
@@ -189,156 +232,118 @@ class Uploader:
 
             started = time.monotonic()
             try:
+                if target in self._dead:
+                    raise StorageError(self._dead[target], permanent=True)
                 retry(attempt, attempts=self.attempts, backoff_s=self.backoff_s,
                       what=f"upload of {job.local} to {uri}",
-                      retryable=lambda exc: not isinstance(exc, SourceGone))
+                      retryable=lambda exc: not is_permanent(exc))
             except Exception as exc:
-                failure = UploadFailure(uri, job.local, describe_error(exc), attempts)
+                error = describe_error(exc)
+                if is_permanent(exc):
+                    self._dead.setdefault(target, error)
+                failure = UploadFailure(uri, job.source, error, attempts)
                 with self._lock:
-                    job.failed = True
-                    self._failures.append((failure, job))
-                self._log(f"upload failed: {failure.message()}")
+                    job.failures[target] = failure
+                if not self._closed:
+                    self._log(f"upload failed: {failure.message()}")
             else:
+                with self._lock:
+                    job.finished.add(target)
                 files, size = describe_local(job.source)
                 self._log(f"uploaded {job.local} to {uri} ({files} file(s), "
                           f"{size / 2**20:.1f} MiB, {time.monotonic() - started:.1f} s)")
-            finally:
-                self._release(job)
+            self._release(job)
 
     def _upload(self, storage: Storage, job: UploadJob, uri: str) -> None:
         if not job.source.exists():
-            raise SourceGone(f"{job.local} was deleted locally before it could be uploaded")
+            raise SourceGone(f"{job.local} was deleted locally before it could be uploaded",
+                             permanent=True)
         push(storage, job.source, uri)
 
     def _release(self, job: UploadJob) -> None:
+        """Drop the snapshot of a job every target has (unless the run is past waiting)."""
         with self._lock:
-            job.remaining -= 1
-            done = job.remaining == 0
-            if done:
-                self._pending -= 1
-        if done and job.staging is not None and not job.failed:
-            remove_tree(job.staging)
+            done = not self._closed and len(job.finished) == len(self.targets)
+        if done:
+            remove_tree(job.directory)
 
     # --- end of run -----------------------------------------------------------------------
 
-    def finish(self) -> list[str]:
+    def finish(self, stop: StopRequest | None = None) -> list[str]:
         """Wait for pending uploads, report failures on stderr and return them as lines.
 
+        Waits at most ``wait_s``; under ``stop`` a second signal ends the wait. What is not
+        uploaded by then is reported with the failures and stays in :attr:`pending_root`.
         Calling it again returns the same report.
         """
         if self._report is not None:
             return self._report
-        if self.pending():
-            self._log(f"waiting for {self.pending()} pending upload(s) to finish...")
         for jobs in self._queues.values():
-            jobs.put(None)
-        for thread in self._threads:
-            thread.join()
-        for failure, job in self._failures:
-            if job.staging is None:
-                continue
-            if job.local.exists():
-                remove_tree(job.staging)
-            else:  # pruned locally meanwhile: the snapshot is the copy left to push again
-                failure.local = job.source
-        staging_root = self.output_dir / STAGING_DIR
-        if staging_root.is_dir() and not any(staging_root.iterdir()):
-            staging_root.rmdir()
-        self._report = [f.message() for f, _ in self._failures]
-        if self._failures:
-            lines = [f"Upload report: {len(self._failures)} upload(s) did not complete; "
+            for _ in range(WORKERS_PER_TARGET):
+                jobs.put(None)
+        cut_short = self._wait(stop)
+        with self._lock:
+            self._closed = True
+            jobs_now = list(self._jobs)
+        failures: list[UploadFailure] = []
+        for job in jobs_now:
+            for target in self.targets:
+                if target in job.finished:
+                    job.record.pending.pop(join_uri(target, job.relative), None)
+                    continue
+                failure = job.failures.get(target) or UploadFailure(
+                    join_uri(target, job.relative), job.source, cut_short or "not uploaded", 0)
+                job.record.pending[failure.uri] = failure.error
+                failures.append(failure)
+            if job.record.pending:
+                job.record.save(job.directory)
+            else:
+                remove_tree(job.directory)
+        for directory in (self.pending_root, self.pending_root.parent):
+            if directory.is_dir() and not any(directory.iterdir()):
+                directory.rmdir()
+        self._report = [f.message() for f in failures]
+        if failures:
+            lines = [f"Upload report: {len(failures)} upload(s) did not complete; "
                      "missing remotely:"]
             lines += [f"  - {line}" for line in self._report]
-            lines.append("Local files were not deleted. Push again with: "
-                         "reasonctl export <local copy> --to <uri>")
+            lines.append(f"The files are kept in {self.pending_root} (hard links: no extra "
+                         "space while the originals exist). Push them with: reasonctl upload "
+                         f"{self.output_dir} (or reasonctl export <local copy> --to <uri>)")
             self._log("\n".join(lines))
         return self._report
+
+    def _wait(self, stop: StopRequest | None) -> str:
+        """Join the workers until done or the deadline; why the wait was cut short, or ''."""
+        count = self.pending()
+        if not count:
+            return ""
+        self._log(f"waiting for {count} pending upload(s) to finish (at most "
+                  f"{self.wait_s:g} s, checkpoint.upload_wait_s)...")
+        deadline = time.monotonic() + self.wait_s
+        phase = stop.phase("upload wait", f"the pending uploads (their files stay in "
+                                          f"{self.pending_root})") if stop else nullcontext()
+        try:
+            with phase:
+                for thread in self._threads:
+                    while thread.is_alive():
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            return (f"not uploaded within checkpoint.upload_wait_s "
+                                    f"({self.wait_s:g} s)")
+                        thread.join(timeout=min(left, 0.5))
+        except SignalAbandon as exc:
+            return f"not uploaded: the wait was abandoned on {exc.signal_name}"
+        return ""
 
     # --- resume ---------------------------------------------------------------------------
 
     def pull_latest_checkpoint_if_missing(self, checkpoints: CheckpointManager) -> Path | None:
-        """With ``run.resume = true`` and no local checkpoint, download the newest uploaded one.
-
-        Looks under ``<target>/checkpoints/`` of every target for ``step_<N>`` directories
-        holding both the manifest and :data:`UPLOAD_MARKER`, downloads the highest step into
-        ``checkpoints/.tmp-step_<N>`` and renames it to ``step_<N>``. Returns the new
-        directory, or ``None`` when nothing was pulled.
-        """
+        """With ``run.resume = true`` and no local checkpoint, download the newest uploaded
+        one (:func:`~reasonctl.core.remote_checkpoints.pull_newest_checkpoint`)."""
         if self.config.run.resume is not True or checkpoints.latest() is not None:
             return None
-        best: tuple[int, str] | None = None
-        for target in self.targets:
-            found = self._remote_checkpoints(target)
-            if found and (best is None or max(found) > best[0]):
-                best = (max(found), target)
-        if best is None:
-            self._log("run.resume: no local checkpoint and no complete uploaded checkpoint under "
-                      f"{', '.join(join_uri(t, 'checkpoints') for t in self.targets)}; "
-                      "starting from scratch")
-            return None
-        step, target = best
-        uri = join_uri(target, f"checkpoints/step_{step}")
-        tmp = checkpoints.root / f".tmp-step_{step}"
-        remove_tree(tmp)
-        checkpoints.root.mkdir(parents=True, exist_ok=True)
-        self._log(f"run.resume: downloading checkpoint step {step} from {uri}")
-        try:
-            self._storages[target].get_dir(uri, tmp)
-        except Exception as exc:
-            remove_tree(tmp)
-            raise StorageError(
-                f"run.resume: could not download {uri}: {describe_error(exc)}. Fix access to "
-                "the upload target, or set run.resume = false to start from scratch"
-            ) from exc
-        (tmp / UPLOAD_MARKER).unlink(missing_ok=True)
-        final = checkpoints.step_dir(step)
-        tmp.rename(final)
-        self._log(f"run.resume: pulled checkpoint step {step} into {final}")
-        return final
-
-    def _remote_checkpoints(self, target: str) -> list[int]:
-        """Steps of the complete checkpoints uploaded under ``target``."""
-        base = join_uri(target, "checkpoints")
-        try:
-            uris = self._storages[target].list(base)
-        except Exception as exc:
-            raise StorageError(
-                f"run.resume: could not list {base}: {describe_error(exc)}. Fix access to the "
-                "upload target, or set run.resume = false to start from scratch"
-            ) from exc
-        files: dict[int, set[str]] = {}
-        for uri in uris:
-            if not uri.startswith(base + "/"):
-                continue
-            match = _REMOTE_STEP.match(uri[len(base) + 1:])
-            if match:
-                files.setdefault(int(match.group(1)), set()).add(match.group(2))
-        complete = [s for s, names in files.items() if {MANIFEST, UPLOAD_MARKER} <= names]
-        torn = sorted(set(files) - set(complete))
-        if torn:
-            self._log(f"run.resume: ignoring incomplete uploads under {base}: "
-                      + ", ".join(f"step_{s}" for s in torn))
-        return complete
-
-
-def push(storage: Storage, local: Path, uri: str) -> None:
-    """Upload a file or directory to ``uri``; a checkpoint directory gets its marker last.
-
-    A checkpoint directory is one holding ``manifest.json``; :data:`UPLOAD_MARKER` is
-    uploaded after all its files so a reader can tell a complete upload from a partial one.
-    """
-    local = Path(local)
-    if local.is_file():
-        storage.put_file(local, uri)
-        return
-    storage.put_dir(local, uri)
-    if (local / MANIFEST).is_file():
-        files, size = describe_local(local)
-        with tempfile.TemporaryDirectory(prefix="reasonctl-upload-") as tmp:
-            marker = Path(tmp) / UPLOAD_MARKER
-            marker.write_text(json.dumps({"files": files, "bytes": size,
-                                          "uploaded_at": time.time()}))
-            storage.put_file(marker, join_uri(uri, UPLOAD_MARKER))
+        return pull_newest_checkpoint(self._storages, checkpoints, self._log)
 
 
 def _stderr(message: str) -> None:

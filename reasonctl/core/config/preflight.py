@@ -219,7 +219,8 @@ def _uri_shape_problem(scheme: str, rest: str) -> str | None:
         bucket = rest.split("/", 1)[0]
         if not bucket:
             return "has no bucket; expected s3://BUCKET[/prefix]"
-        if "@" in bucket:
+        userinfo, at, _ = rest.partition("@")
+        if "@" in bucket or (at and ":" in userinfo):
             return ("holds credentials; set them in the environment (AWS_ACCESS_KEY_ID, "
                     "AWS_SECRET_ACCESS_KEY) or an AWS profile, not in the URI")
         if not _BUCKET.match(bucket):

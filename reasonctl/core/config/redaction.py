@@ -50,7 +50,11 @@ MODEL_TOKENS = frozenset({
 MIN_SECRET_LENGTH = 6
 
 _SEGMENT = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
-_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^\s/@?#]+@")
+_URL_USERINFO = re.compile(
+    r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?:[^\s/@?#:]*:[^\s@'\"]*|[^\s/@?#]+)@"
+)
+"""``scheme://user:password@`` or ``scheme://token@``. A password may hold ``/`` (AWS secret
+keys do), so after a colon everything up to the ``@`` is taken."""
 _ASSIGNMENT = re.compile(
     r"""(?P<key>["']?[A-Za-z][\w.-]*["']?)(?P<sep>\s*(?:=|(?<=["']):)\s*)"""
     r"""(?P<quote>["']?)(?P<value>[^\s"',;&)}\]]+)"""

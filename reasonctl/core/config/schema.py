@@ -45,6 +45,12 @@ class RunSection(Section):
         default=False,
         description="true: newest complete checkpoint in output_dir; a path: that checkpoint.",
     )
+    resume_with_changes: bool = Field(
+        default=False,
+        description="Resume even though the model, data, train, algorithm, rollout or rewards "
+        "settings differ from the checkpoint's: print what changed and apply the new values. "
+        "Without it such a resume is refused.",
+    )
     on_signal: Literal["checkpoint", "exit"] = "checkpoint"
 
 
@@ -182,6 +188,12 @@ class TrainSection(Section):
     adam_eps: float = Field(default=1e-8, gt=0)
     max_grad_norm: float = Field(default=1.0, ge=0, description="0 disables clipping.")
     compile: bool = False
+    on_nonfinite: Literal["stop", "skip"] = Field(
+        default="stop",
+        description="A step whose loss or gradient norm is NaN or infinite: 'stop' ends the "
+        "run with an error (checkpoints intact, nothing exported); 'skip' leaves the weights "
+        "unchanged, counts the step and goes on.",
+    )
 
 
 class AlgorithmSection(Section):
@@ -254,6 +266,17 @@ class CheckpointSection(Section):
     export_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     upload: list[str] = Field(default_factory=list, description="Storage URIs to upload to.")
     upload_when: Literal["final", "every"] = "final"
+    upload_attempts: int = Field(
+        default=3, gt=0,
+        description="Attempts per uploaded directory or file (each attempt also retries as "
+        "[storage.<scheme>] says); errors that cannot succeed (no credentials, access "
+        "denied, no such bucket) are not retried.",
+    )
+    upload_wait_s: float = Field(
+        default=900.0, gt=0,
+        description="Longest the end of the run waits for pending uploads; what is not "
+        "uploaded by then is reported and kept locally to push later (reasonctl upload).",
+    )
 
 
 class LoggingSection(Section):

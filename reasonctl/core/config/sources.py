@@ -31,6 +31,8 @@ PROCESS_VARIABLES = frozenset({
     "REASONCTL_STRICT_PLUGINS",
     "REASONCTL_DISABLE_PLUGINS",
     "REASONCTL_CACHE",
+    "REASONCTL_OUTPUT_LOCK",
+    "REASONCTL_LAUNCHER_PID",
 })
 """``REASONCTL_*`` variables that steer the process and are not config keys. Config
 variables always hold ``__`` (``REASONCTL_<SECTION>__<KEY>``); a name without it is never

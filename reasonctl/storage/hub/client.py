@@ -246,7 +246,8 @@ class HubStorage:
         except StorageError:
             raise
         except Exception as exc:
-            raise StorageError(f"could not {what}: {explain_error(exc, loc)}") from exc
+            raise StorageError(f"could not {what}: {explain_error(exc, loc)}",
+                               permanent=not is_retryable(exc)) from exc
 
 
 @contextmanager

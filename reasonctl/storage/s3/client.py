@@ -151,8 +151,8 @@ class S3Storage:
         """Create ``bucket`` when it is missing and ``create_bucket`` is on (once per bucket)."""
         if bucket in self._known_buckets or not self.config.create_bucket:
             return
-        try:
-            self.client.head_bucket(Bucket=bucket)
+        try:  # a listing, not HEAD: its errors carry a code (wrong key vs. access denied)
+            self.client.list_objects_v2(Bucket=bucket, MaxKeys=1)
         except ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))
             if code not in {"404", "NoSuchBucket", "NotFound"}:
@@ -308,7 +308,31 @@ class S3Storage:
         except StorageError:
             raise
         except Exception as exc:
-            raise StorageError(f"could not {action} {uri}: {explain_error(exc, bucket)}") from exc
+            raise StorageError(f"could not {action} {uri}: {explain_error(exc, bucket)}",
+                               permanent=not is_retryable(exc)) from exc
+
+    # --- start-of-run check -------------------------------------------------------------
+
+    def check_access(self, uri: str) -> None:
+        """Check the credentials and the bucket of ``uri`` with one listing request.
+
+        A missing bucket is created when ``create_bucket`` is on. Raises
+        :class:`StorageError` (``permanent`` for errors no retry fixes: no or wrong
+        credentials, access denied, no such bucket).
+        """
+        bucket, prefix = split_s3_uri(uri)
+        try:
+            self.client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)
+        except ClientError as exc:
+            if error_code(exc)[0] == "NoSuchBucket" and self.config.create_bucket:
+                self._call("create bucket", f"s3://{bucket}", bucket,
+                           lambda: self._ensure_bucket(bucket))
+                return
+            raise StorageError(f"cannot use {uri}: {explain_error(exc, bucket)}",
+                               permanent=not is_retryable(exc)) from exc
+        except Exception as exc:
+            raise StorageError(f"cannot use {uri}: {explain_error(exc, bucket)}",
+                               permanent=not is_retryable(exc)) from exc
 
 
 def _join_key(prefix: str, rel: str) -> str:

@@ -36,7 +36,7 @@ class TransferFailed(StorageError):
         lines = "; ".join(f"{uri}: {explain_error(exc)}" for uri, exc in shown)
         more = f" (and {len(failures) - len(shown)} more)" if len(failures) > len(shown) else ""
         super().__init__(f"{len(failures)} of {total} file(s) failed to {action} {where}: "
-                         f"{lines}{more}")
+                         f"{lines}{more}", permanent=not self.retryable)
 
     @property
     def retryable(self) -> bool:
@@ -61,6 +61,8 @@ def is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, ClientError):
         code, status = error_code(exc)
         return status >= 500 or status in (408, 429) or code in _RETRYABLE_CODES
+    if isinstance(exc, StorageError):
+        return not exc.permanent
     return True
 
 
@@ -82,7 +84,11 @@ def explain_error(exc: BaseException, bucket: str = "") -> str:
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch"):
             return ("the server rejected the credentials; check AWS_ACCESS_KEY_ID/"
                     "AWS_SECRET_ACCESS_KEY or the AWS profile")
-        if code in ("AccessDenied", "Forbidden", "403") or status == 403:
+        if code in ("AccessDenied", "Forbidden"):
             return ("access denied; the credentials need s3:ListBucket, s3:GetObject, "
                     "s3:PutObject (and s3:DeleteObject to delete) on this bucket")
+        if code == "403" or status == 403:  # a HEAD request: the reply carries no reason
+            return ("HTTP 403 (forbidden): the credentials are not valid for this endpoint "
+                    "(check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the AWS profile) or "
+                    "lack s3:ListBucket, s3:GetObject and s3:PutObject on this bucket")
     return describe_error(exc)
