@@ -228,3 +228,39 @@ def test_grpo_reward_rises_on_a_video_multiple_choice_task(tmp_path: Path) -> No
     # (first the letters, then the clip's colour's letter)
     assert sum(rewards[-4:]) / 4 - sum(rewards[:4]) / 4 >= 0.2, rewards
     assert max(row["rollout/logprob_gap"] for row in rows) < 1e-3
+
+
+def test_grpo_skips_unreadable_videos_and_too_long_prompts_and_lists_them(
+    tmp_path: Path, media: dict[str, Path]
+) -> None:
+    import json
+
+    import reasonctl
+
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"not a video")
+    qa = {"question": "What is it?", "index2ans": {"A": "a", "B": "b"}, "answer": "A"}
+    rows = [{"video": str(media["video"]), "qa_pairs": qa},
+            {"video": str(broken), "qa_pairs": qa},
+            {"video": str(media["video"]), "qa_pairs": {**qa, "question": "long " * 400}},
+            {"video": str(media["video"]), "qa_pairs": qa}]
+    data = tmp_path / "rl.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "run"
+    result = reasonctl.run(reasonctl.load_config(values={
+        "run": {"output_dir": str(out), "seed": 0},
+        "model": {"name_or_path": "tiny-random-vl", "max_length": 256},
+        "data": {"format": "jsonl", "on_bad_row": "skip", "shuffle": False,
+                 "jsonl": {"path": str(data), "fps": 2.0}},
+        "algorithm": {"name": "grpo", "grpo": {"prompts_per_step": 4}},
+        "rollout": {"n": 2, "max_new_tokens": 2},
+        "train": {"max_steps": 1, "micro_batch_size": 4},
+        "rewards": {"components": [{"name": "choice"}]},
+        "checkpoint": {"export_final": False},
+        "logging": {"loggers": ["jsonl"]},
+    }))
+    assert result.status == "completed" and result.skipped_rows == 2
+    listed = [json.loads(line) for line in (out / "skipped_rows.jsonl").read_text().splitlines()]
+    assert [row["row"] for row in listed] == [f"{data}:2", f"{data}:3"]
+    assert "broken.mp4" in listed[0]["reason"]
+    assert "max_length" in listed[1]["reason"]
