@@ -264,3 +264,43 @@ def test_grpo_skips_unreadable_videos_and_too_long_prompts_and_lists_them(
     assert [row["row"] for row in listed] == [f"{data}:2", f"{data}:3"]
     assert "broken.mp4" in listed[0]["reason"]
     assert "max_length" in listed[1]["reason"]
+
+
+def test_qwen3_vl_video_sft_then_infer_and_eval_of_the_export(tmp_path: Path) -> None:
+    """The tiny Qwen3-VL trains on video rows, and its export answers ``infer --video``
+    and ``reasonctl eval`` (timestamps and frame groups laid out by its own processor)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    import reasonctl
+    from reasonctl.cli.app import build_app
+    from reasonctl.core.plugins import PluginHost
+
+    data = _video_quickstart_module().write_dataset(tmp_path / "data", clips_per_colour=1,
+                                                    eval_per_colour=1)
+    out = tmp_path / "sft"
+    result = reasonctl.run(reasonctl.load_config(values={
+        "run": {"output_dir": str(out), "seed": 0},
+        "model": {"name_or_path": "tiny-random-qwen3-vl", "max_length": 256},
+        "data": {"format": "jsonl", "jsonl": {"path": str(data / "sft.jsonl"), "fps": 2.0}},
+        "train": {"lr": 1e-2, "max_steps": 4, "global_batch_size": 3, "micro_batch_size": 3},
+        "logging": {"loggers": ["jsonl"]},
+    }))
+    assert result.status == "completed" and result.export_dir is not None
+    losses = [json.loads(line)["loss"] for line in
+              (out / "metrics.jsonl").read_text().splitlines()]
+    assert losses[-1] < losses[0]
+    app, runner = build_app(PluginHost.load()), CliRunner()
+    answer = runner.invoke(app, [
+        "infer", "--model", str(result.export_dir), "--video", str(data / "clips/red_0.mp4"),
+        "--fps", "2", "--prompt", "What colour is this video?", "--max-new-tokens", "4"])
+    assert answer.exit_code == 0, answer.output
+    scored = runner.invoke(app, [
+        "eval", "--model", str(result.export_dir), "--data", str(data / "eval.jsonl"),
+        "--answer-format", "letter", "--set", "rollout.max_new_tokens=4",
+        "--output", str(tmp_path / "eval")])
+    assert scored.exit_code == 0, scored.output
+    assert "overall" in scored.output
+    predictions = (tmp_path / "eval" / "predictions.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["reference"] for line in predictions) == ["A", "B", "C"]
