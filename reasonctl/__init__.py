@@ -5,6 +5,7 @@ The public API::
     import reasonctl
     config = reasonctl.load_config("grpo.toml", overrides=["train.lr=1e-6"])
     result = reasonctl.run(config, rewards=[my_reward_fn])
+    report = reasonctl.score(config, "completions.jsonl")  # the rewards, offline
 
 Plugins implement hooks marked with :data:`hookimpl` (:mod:`reasonctl.core.hookspecs`) and
 build components that satisfy the Protocols of :mod:`reasonctl.core.protocols`; the
@@ -89,6 +90,7 @@ from reasonctl.core.types import (
     TrainBatch,
 )
 from reasonctl.sdk.api import get_component, list_components, load_config, plugin_host, run
+from reasonctl.sdk.scoring import ScoreReport, score
 
 if TYPE_CHECKING:
     from reasonctl.algorithms.grpo_loss import (
@@ -235,6 +237,7 @@ __all__ = [
     "RunContext",
     "RunResult",
     "Sample",
+    "ScoreReport",
     "SamplingParams",
     "ScoresMedia",
     "SharesPolicyWeights",
@@ -272,6 +275,7 @@ __all__ = [
     "run",
     "sample_groups",
     "sampling_params",
+    "score",
     "score_groups",
     "score_samples",
     "shard",

@@ -41,17 +41,19 @@ def test_qa_pairs_layout_and_free_answers() -> None:
                                   "answer": "A"}])
     assert parse_and_score("<answer>A</answer>", qa, "reasoning") == ("A", True)
     number = _sample("42")
-    assert parse_and_score("so the total is 42 apples", number, "free")[1] is True
+    assert parse_and_score("so the total is 42 apples", number, "math") == ("42", True)
+    assert parse_and_score("so the total is 42 apples", number, "free")[1] is False  # exact
     assert parse_and_score("<answer>41</answer>", number, "reasoning") == ("41", False)
     text = _sample("Paris")
     assert parse_and_score("<answer> paris </answer>", text, "reasoning") == ("paris", True)
     assert parse_and_score("anything", _sample(None), "free") == ("anything", False)
+    assert parse_and_score("<answer>42</answer>", _sample("#### 42"), "free")[1] is False
 
 
 def test_unknown_answer_format_is_a_config_error() -> None:
     from reasonctl.core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="not one of letter, reasoning, free"):
+    with pytest.raises(ConfigError, match="not one of letter, reasoning, free, math"):
         parse_and_score("B", _sample("B"), "letters")
 
 

@@ -84,7 +84,8 @@ def test_grpo_without_kl_builds_no_reference(tmp_path: Path, tiny_model_dir: Pat
         raise AssertionError("kl_beta = 0 must not build a reference model")
 
     monkeypatch.setattr(SingleDeviceBackend, "build_reference_model", refuse, raising=False)
-    result = reasonctl.run(_config(tmp_path, tiny_model_dir), rewards=[byte_parity])
+    result = reasonctl.run(_config(tmp_path, tiny_model_dir, scale_rewards="batch"),
+                           rewards=[byte_parity])
     assert result.status == "completed"
     last = _metrics(tmp_path / "run")[-1]
     assert EXPECTED_METRICS <= set(last) and "kl" not in last
@@ -128,11 +129,14 @@ def _assert_same_weights(left: Path, right: Path) -> None:
 
 def test_gspo_sum_norm_with_several_updates_per_rollout(tmp_path: Path,
                                                         tiny_model_dir: Path) -> None:
+    from reasonctl.core.config import ConfigWarning
+
     config = _config(tmp_path, tiny_model_dir, importance_level="sequence",
                      loss_aggregation="seq-mean-token-sum-norm", scale_rewards="none",
                      ppo_epochs=2, mini_batches=2, epsilon_high=0.28)
     config["train"]["max_steps"] = 2
-    reasonctl.run(config, rewards=[byte_parity])
+    with pytest.warns(ConfigWarning, match="weights each sequence by its length"):
+        reasonctl.run(config, rewards=[byte_parity])
     for row in _metrics(tmp_path / "run"):
         assert row["update/optimizer_steps"] == 4
         assert row["rollout/logprob_gap"] < 1e-3

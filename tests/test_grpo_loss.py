@@ -14,6 +14,8 @@ from reasonctl.algorithms.grpo_loss import (
     importance_log_ratio,
     kl_estimate,
     policy_loss,
+    reward_moments,
+    std_from_moments,
 )
 
 
@@ -29,6 +31,45 @@ def test_group_advantages_without_std_scaling_is_centred_reward() -> None:
     rewards = torch.tensor([3.0, 1.0, 2.0, 0.0, 0.0, 0.0])
     adv = group_advantages(rewards, 3, scale="none")
     assert adv.tolist() == pytest.approx([1.0, -1.0, 0.0, 0.0, 0.0, 0.0])
+
+
+def test_batch_scaling_divides_by_the_std_of_all_rewards() -> None:
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0])
+    adv = group_advantages(rewards, 2, scale="batch")
+    batch_std = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0]).std().item()  # unbiased, TRL too
+    expected = 0.5 / (batch_std + 1e-6)
+    assert adv.tolist() == pytest.approx([expected, -expected, -expected, expected, 0.0, 0.0])
+    # the same std from moments added up over two processes' halves
+    halves = [reward_moments(rewards[:4]), reward_moments(rewards[4:])]
+    summed = [a + b for a, b in zip(*halves, strict=True)]
+    assert std_from_moments(*summed) == pytest.approx(batch_std)
+    spread = group_advantages(rewards, 2, scale="batch", batch_std=2.0)
+    assert spread.tolist()[0] == pytest.approx(0.5 / (2.0 + 1e-6))
+
+
+def test_unscored_completions_leave_the_baseline_with_zero_advantage() -> None:
+    """Completions every reward returned None for do not move the group mean or std and
+    get advantage 0; the expected values use NaN for them and NaN-aware statistics."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 5.0, 2.0, 2.0, 3.0, 0.0], dtype=torch.float64)
+    valid = torch.tensor([True, True, True, False, True, True, False, False])
+    for scale in ("group", "batch", "none"):
+        adv = group_advantages(rewards, 4, scale=scale, valid=valid)
+        nan = torch.where(valid, rewards.double(), torch.nan).view(-1, 4)
+        mean = torch.nanmean(nan, dim=1, keepdim=True)
+        centred = nan - mean
+        if scale == "group":
+            count = (~nan.isnan()).sum(1, keepdim=True)
+            std = (torch.nansum(centred.square(), 1, keepdim=True) / (count - 1)).sqrt()
+            centred = centred / (std + 1e-6)
+        elif scale == "batch":
+            flat = nan[~nan.isnan()]
+            centred = centred / (flat.std() + 1e-6)
+        expected = torch.nan_to_num(centred, nan=0.0).view(-1)
+        assert adv.tolist() == pytest.approx(expected.tolist(), abs=1e-12)
+        assert adv[3] == 0 and adv[6] == 0 and adv[7] == 0
+    # a group of one scored completion: no baseline to compare with, advantage 0
+    assert group_advantages(rewards, 4, valid=valid).tolist()[4:] == pytest.approx(
+        [0.0, 0.0, 0.0, 0.0])
 
 
 def test_group_advantages_rejects_ragged_groups() -> None:
@@ -139,3 +180,41 @@ def test_kl_penalty_and_entropy_bonus_enter_the_loss() -> None:
     assert metrics["kl"] == pytest.approx(k3)
     assert metrics["entropy"] == pytest.approx(2.0)
     assert loss.item() == pytest.approx(-0.5 + 0.1 * k3 - 0.01 * 2.0)
+
+
+def test_gspo_with_token_sums_is_warned_about() -> None:
+    from reasonctl.algorithms.grpo_config import GRPOConfig
+
+    assert GRPOConfig(importance_level="sequence").config_warnings()  # token-mean default
+    assert GRPOConfig(importance_level="sequence",
+                      loss_aggregation="seq-mean-token-sum-norm").config_warnings()
+    assert not GRPOConfig(importance_level="sequence",
+                          loss_aggregation="seq-mean-token-mean").config_warnings()
+    assert not GRPOConfig().config_warnings()
+
+
+def test_grpo_training_rows_leave_completions_no_reward_scored_at_zero(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """GRPO's step turns all-None reward components into advantage 0 and a warning."""
+    from types import SimpleNamespace
+
+    from reasonctl.algorithms.grpo import GRPO, _Rollout
+    from reasonctl.algorithms.grpo_config import GRPOConfig
+    from reasonctl.core.types import Completion, RolloutGroup, Sample
+    from reasonctl.data.processing import EncodedSample
+
+    def group(scores: list[float | None]) -> RolloutGroup:
+        completions = [Completion(str(i), [i + 1], [0.0]) for i in range(len(scores))]
+        return RolloutGroup(Sample([]), [0], completions,
+                            rewards=[s or 0.0 for s in scores],
+                            reward_components={"math": scores},
+                            prompt=EncodedSample([0], [0], num_prompt_tokens=1))
+
+    rollout = _Rollout(groups=[group([1.0, None, 0.0, 0.0]), group([None, None, 1.0, 0.0])],
+                       kept=[0, 1])
+    backend = SimpleNamespace(world_size=1)
+    with caplog.at_level("WARNING", logger="reasonctl.algorithms.grpo"):
+        rows = GRPO(GRPOConfig(scale_rewards="none"))._training_rows(rollout, backend)
+    assert [row.advantage for row in rows] == pytest.approx(
+        [1 - 1 / 3, 0.0, -1 / 3, -1 / 3, 0.0, 0.0, 0.5, -0.5])
+    assert "3 of 8 completions got None from every reward" in caplog.text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from fractions import Fraction
 
 import pytest
 from pydantic import ValidationError
@@ -16,12 +17,12 @@ from reasonctl.core.registry import Registry
 from reasonctl.core.types import ContentPart, Message, Sample
 from reasonctl.rewards.answers import (
     extract_boxed,
-    extract_choice_letter,
-    extract_final_number,
     extract_tagged,
-    numbers_match,
+    last_number,
+    parse_exact,
     parse_number,
 )
+from reasonctl.rewards.choice_answers import read_choice
 from reasonctl.rewards.length import overlong_penalty
 
 
@@ -163,14 +164,16 @@ def test_extract_boxed_handles_nested_braces() -> None:
         ("C. the cat", "C"),
         ("Looking at each option carefully\nB", "B"),
         ("(B) a red ball", "B"),
-        ("I think (A) is wrong, so (B) it is", "B"),
+        ("I think (A) is wrong, so (B) it is", None),  # mentions, no commitment
+        ("The answer is B. Option C is a truck and option D is a bicycle.", "B"),
         ("Answer: E", None),  # only four options
         ("A cat sat on the mat", None),
+        ("(B) or (C)", None),  # a hedge
         ("", None),
     ],
 )
-def test_extract_choice_letter(text: str, expected: str | None) -> None:
-    assert extract_choice_letter(text, n_options=4) == expected
+def test_read_choice(text: str, expected: str | None) -> None:
+    assert read_choice(text, "ABCD").letter == expected
 
 
 @pytest.mark.parametrize(
@@ -184,6 +187,8 @@ def test_extract_choice_letter(text: str, expected: str | None) -> None:
         (r"-\dfrac{1}{2}", -0.5),
         ("50%", 50.0),
         (r"12.5\%", 12.5),
+        (r"\frac34", 0.75),
+        (r"1{,}234", 1234.0),
         ("$12", 12.0),
         (r"30^\circ", 30.0),
         (r"5 \text{ cm}", 5.0),
@@ -196,19 +201,20 @@ def test_parse_number(text: str, expected: float | None) -> None:
     assert parse_number(text) == expected
 
 
-def test_extract_final_number() -> None:
-    assert extract_final_number("she pays $1,234.50 in total.") == 1234.5
-    assert extract_final_number("step 1: 3 + 4 = 7\n#### 7") == 7.0
-    assert extract_final_number(r"the ratio is \frac{2}{3}") == pytest.approx(2 / 3)
-    assert extract_final_number("we get x-5, that is -5") == -5.0
-    assert extract_final_number("no digits here") is None
+def test_numbers_stay_exact() -> None:
+    assert parse_exact("123456789").value != parse_exact("123456700").value
+    assert parse_exact("18.90").value == parse_exact(r"\$18.9").value
+    assert parse_exact("2/4").kind == "fraction" and parse_exact("0.5").kind == "decimal"
+    assert parse_exact("50%").values() == [50, Fraction(1, 2)]
 
 
-def test_numbers_match_handles_percentages_both_ways() -> None:
-    assert numbers_match("50%", "0.5")
-    assert numbers_match("50%", 50)
-    assert not numbers_match("50%", "5")
-    assert numbers_match("x", 1) is None
+def test_last_number() -> None:
+    assert last_number("she pays $1,234.50 in total.").value == Fraction("1234.5")
+    assert last_number("step 1: 3 + 4 = 7\n#### 7").value == 7
+    assert last_number(r"the ratio is \frac{2}{3}").value == Fraction(2, 3)
+    assert last_number("we get x-5, that is -5").value == -5
+    assert last_number("The answer is 1/2.").value == Fraction(1, 2)
+    assert last_number("no digits here") is None
 
 
 # --- format -----------------------------------------------------------------------------------
@@ -318,7 +324,7 @@ def test_choice_reward_custom_letters_and_whole_text(registry: Registry) -> None
         (r"\boxed{50\%}", "50", 1.0),
         (r"\boxed{x = 3}", "3", 1.0),
         (r"\boxed{3.0}", "3", 1.0),
-        (r"\boxed{\frac{\sqrt{2}}{2}}", r"\dfrac{\sqrt{2}}{2}", 1.0),  # literal comparison
+        (r"\boxed{\frac{\sqrt{2}}{2}}", r"\dfrac{1}{\sqrt{2}}", 1.0),  # symbolic
         ("She has 3 apples, then 5 more, so 8 in total.", "8", 1.0),
         ("Total: $1,200.00.", "#### 1200", 1.0),  # GSM8K-style reference
         ("I think 7, no wait, 9", "7", 0.0),
@@ -340,8 +346,54 @@ def test_math_reward_options(registry: Registry) -> None:
     assert score(strict, "the answer is 4", sample("4")) == 0.0
     assert score(strict, r"the answer is \boxed{4}", sample("4")) == 1.0
     assert score(build(registry, "math"), r"\boxed{3.14}", sample("3.14159")) == 0.0
-    loose = build(registry, "math", rel_tol=1e-3)
-    assert score(loose, r"\boxed{3.1416}", sample("3.14159")) == 1.0
+    assert score(build(registry, "math"), r"\boxed{3.1416}", sample(r"\pi")) == 0.0
+    loose = build(registry, "math", rel_tol=1e-4)
+    assert score(loose, r"\boxed{3.1416}", sample(r"\pi")) == 1.0
+    assert score(loose, r"\boxed{3.1416}", sample("3.14159")) == 0.0  # two decimals: exact
+    tagged = build(registry, "math", require_tag=True)
+    assert score(tagged, r"\boxed{4}", sample("4")) == 0.0
+    assert score(tagged, "<answer>4</answer>", sample("4")) == 1.0
+
+
+def test_a_pathological_answer_cannot_stall_scoring_even_off_the_main_thread(
+        registry: Registry) -> None:
+    """SymPy never finishes 9^(9^(9^9)); the comparison runs in a child process that is
+    killed at the time limit, from whatever thread scores."""
+    import threading
+    import time
+
+    reward = build(registry, "math", timeout_s=1.0)
+    results: list = []
+
+    def work() -> None:
+        results.append(reward([r"\boxed{9^{9^{9^{9}}}}", r"\boxed{2\sqrt{2}}"],
+                              [sample("5"), sample(r"\sqrt{8}")]))
+
+    started = time.monotonic()
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert results == [[0.0, 1.0]]
+    assert time.monotonic() - started < 30
+
+
+def test_a_timed_out_comparison_is_not_retried_and_the_judge_recovers() -> None:
+    import time
+
+    from reasonctl.rewards.math_judge import SymbolicJudge
+
+    judge = SymbolicJudge()
+    try:
+        tower = "9^{9^{9^{9}}}"
+        assert judge.equivalent(tower, "1", timeout_s=1.0) is False
+        assert judge.timeouts == 1
+        started = time.monotonic()
+        assert judge.equivalent(tower, "1", timeout_s=1.0) is False  # remembered
+        assert time.monotonic() - started < 0.5 and judge.timeouts == 2
+        assert judge.equivalent(r"\sqrt{8}", r"2\sqrt2", timeout_s=30.0) is True
+    finally:
+        judge.close()
 
 
 # --- exact_match ------------------------------------------------------------------------------
@@ -361,6 +413,8 @@ def test_exact_match_reward(registry: Registry) -> None:
                  "<answer>new york</answer>", sample("New York")) == 0.0
     whole = build(registry, "exact_match", answer_tag=None)
     assert score(whole, "<answer>x</answer>", sample("x")) == 0.0
+    tagged = build(registry, "exact_match", require_tag=True)
+    assert score(tagged, "x", sample("x")) == 0.0
 
 
 # --- length -----------------------------------------------------------------------------------

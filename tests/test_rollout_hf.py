@@ -44,6 +44,21 @@ def test_greedy_equals_transformers_generate(model: Any, tokenizer: Any,
         assert single[0, len(prompt) :].tolist() == reference
 
 
+def test_repetition_penalty_equals_transformers_generate(model: Any, tokenizer: Any,
+                                                         prompts: list[list[int]]) -> None:
+    engine = HFRolloutEngine(model, tokenizer)
+    params = SamplingParams(temperature=0.0, max_new_tokens=24, repetition_penalty=1.8)
+    batched = engine.generate([{"input_ids": p} for p in prompts], params)
+    plain = engine.generate([{"input_ids": p} for p in prompts],
+                            SamplingParams(temperature=0.0, max_new_tokens=24))
+    assert engine.last_stats.decode.startswith("static") or engine.static_decoder is None
+    for prompt, group in zip(prompts, batched, strict=True):
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
+                                  repetition_penalty=1.8)[0, len(prompt) :].tolist()
+        assert group[0].token_ids == expected[: len(group[0].token_ids)]
+    assert [g[0].token_ids for g in batched] != [g[0].token_ids for g in plain]
+
+
 def test_logprobs_match_the_trainer_recomputation(model: Any, tokenizer: Any,
                                                   prompts: list[list[int]]) -> None:
     from reasonctl.backends.token_logprobs import TokenLogprobModel

@@ -7,7 +7,10 @@ A step of :class:`GRPO`:
    ``dynamic_sampling``, groups whose rewards are all equal are dropped and more prompts
    are drawn, up to ``max_sampling_rounds`` rounds.
 2. **Rewards** from the run's :class:`~reasonctl.core.reward_set.RewardSet`; advantages
-   are normalised within each group (:func:`~.grpo_loss.group_advantages`). Without
+   are normalised within each group (:func:`~.grpo_loss.group_advantages`; by the group's
+   or the whole batch's std, per ``scale_rewards``). A completion every reward scored
+   ``None`` is left out of its group's baseline and gets advantage 0 (TRL would count it
+   as reward 0; the first one of a run is warned about). Without
    ``dynamic_sampling`` (which needs the rewards to choose groups) scoring is submitted
    right after generation and collected after step 3, just before the update, so rewards
    that score elsewhere (``remote``) overlap the log-prob passes, which need no rewards.
@@ -33,15 +36,23 @@ order, and what each hands the next, reads in one place.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from reasonctl.algorithms.grpo_loss import PolicyLossSettings, group_advantages, policy_loss
+from reasonctl.algorithms.grpo_loss import (
+    PolicyLossSettings,
+    group_advantages,
+    policy_loss,
+    reward_moments,
+    std_from_moments,
+)
 from reasonctl.algorithms.policy_batch import (
     PolicyRow,
     chunked,
@@ -63,6 +74,7 @@ from reasonctl.algorithms.rollouts import (
     sync_engine_weights,
 )
 from reasonctl.algorithms.sampling import EpochSampler
+from reasonctl.core.config import ConfigWarning
 from reasonctl.core.errors import ConfigError, ReasonctlError
 from reasonctl.core.protocols import SupportsReferenceModel
 from reasonctl.core.types import Metrics, RolloutGroup, Sample
@@ -73,6 +85,8 @@ if TYPE_CHECKING:
     from reasonctl.core.protocols import Backend, Dataset, Processor, RunContext, TokenOutputs
     from reasonctl.core.reward_set import PendingScores
     from reasonctl.core.types import PolicyBatch
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -152,6 +166,7 @@ class GRPO:
         self.loss_settings: PolicyLossSettings | None = None
         self.temperature = 1.0
         self.micro_batch_size = 1
+        self._warned_unscored = False
 
     # --- Algorithm protocol ---------------------------------------------------------------
 
@@ -173,6 +188,8 @@ class GRPO:
         problems = cfg.config_problems(config, world_size=backend.world_size)
         if problems:
             raise ConfigError(problems)
+        for message in cfg.config_warnings():
+            warnings.warn(message, ConfigWarning, stacklevel=2)
         self.loss_settings = PolicyLossSettings(
             epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
             importance_level=cfg.importance_level, loss_aggregation=cfg.loss_aggregation,
@@ -186,7 +203,7 @@ class GRPO:
         started = time.perf_counter()
         rollout = self._rollout(ctx)
         scored = rollout.pending is None
-        rows = self._training_rows(rollout) if scored else self._unscored_rows(rollout)
+        rows = self._training_rows(rollout, backend) if scored else self._unscored_rows(rollout)
         metrics: Metrics = {}
         stats = _PolicyStats()
         logprob_started = time.perf_counter()
@@ -281,13 +298,31 @@ class GRPO:
 
     # --- training rows ----------------------------------------------------------------------
 
-    def _training_rows(self, rollout: _Rollout) -> list[PolicyRow]:
-        if not rollout.kept:
-            return []
+    def _training_rows(self, rollout: _Rollout, backend: Backend) -> list[PolicyRow]:
+        """Rows with advantages; a completion no reward scored (all ``None``) is left out
+        of the baselines and gets advantage 0. ``scale_rewards = "batch"`` divides by the
+        std of the rewards of every process's kept groups."""
+        scale = self.config.scale_rewards
         groups = [rollout.groups[i] for i in rollout.kept]
         rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float64)
-        group_size = len(groups[0].completions)
-        advantages = group_advantages(rewards, group_size, scale=self.config.scale_rewards)
+        valid = torch.tensor([_scored(g, i) for g in groups for i in range(len(g.rewards))],
+                             dtype=torch.bool)
+        batch_std = None
+        if scale == "batch" and backend.world_size > 1:  # every rank joins, even with no rows
+            count, total, squares = reward_moments(rewards, valid)
+            mean = backend.all_reduce_mean({"count": count, "total": total, "squares": squares})
+            batch_std = std_from_moments(*(mean[k] * backend.world_size
+                                           for k in ("count", "total", "squares")))
+        if not groups:
+            return []
+        if not self._warned_unscored and not bool(valid.all()):
+            self._warned_unscored = True
+            logger.warning("grpo: %d of %d completions got None from every reward; they get "
+                           "advantage 0 and are left out of their group's baseline (check that "
+                           "some reward applies to every prompt)", int((~valid).sum()),
+                           valid.numel())
+        advantages = group_advantages(rewards, len(groups[0].completions), scale=scale,
+                                      valid=valid, batch_std=batch_std)
         return policy_rows(groups, advantages.tolist(), mask_truncated=self.config.mask_truncated)
 
     def _unscored_rows(self, rollout: _Rollout) -> list[PolicyRow]:
@@ -306,7 +341,7 @@ class GRPO:
         rollout.pending = None
         rollout.reward_wait_seconds = time.perf_counter() - waited
         rollout.reward_seconds += rollout.reward_wait_seconds
-        rows = self._training_rows(rollout)
+        rows = self._training_rows(rollout, _backend(ctx))
         computed = {(r.group, id(r.completion)): r for r in unscored}
         for row in rows:
             done = computed[(row.group, id(row.completion))]
@@ -440,6 +475,12 @@ class GRPO:
             **rollout.sync,
         })
         return metrics
+
+
+def _scored(group: RolloutGroup, index: int) -> bool:
+    """Whether any reward scored completion ``index`` of ``group`` (not all ``None``)."""
+    components = group.reward_components
+    return not components or any(values[index] is not None for values in components.values())
 
 
 def _backend(ctx: RunContext) -> Backend:

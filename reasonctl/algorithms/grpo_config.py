@@ -31,9 +31,10 @@ class GRPOConfig(BaseModel):
         default=1, gt=0,
         description="Optimizer steps per pass: the rollout batch is split into this many.",
     )
-    scale_rewards: Literal["group", "none"] = Field(
+    scale_rewards: Literal["group", "batch", "none"] = Field(
         default="group",
-        description="group: (r - mean) / std within each group; none: r - mean (Dr.GRPO).",
+        description="group: (r - group mean) / group std; batch: (r - group mean) / std of "
+        "the whole batch's rewards; none: r - group mean (Dr.GRPO).",
     )
     epsilon_low: float = Field(default=0.2, ge=0, lt=1, description="Lower clip: 1 - eps.")
     epsilon_high: float = Field(
@@ -80,6 +81,18 @@ class GRPOConfig(BaseModel):
                 f"({self.prompts_per_step}): each mini-batch needs at least one group"
             )
         return self
+
+    def config_warnings(self) -> list[str]:
+        """Settings that run but probably do not do what was meant."""
+        warnings = []
+        if self.importance_level == "sequence" and self.loss_aggregation != "seq-mean-token-mean":
+            warnings.append(
+                f"algorithm.grpo: importance_level = 'sequence' (GSPO) with loss_aggregation = "
+                f"'{self.loss_aggregation}' sums per-token terms, which weights each sequence "
+                "by its length instead of optimising the per-sequence objective; set "
+                "loss_aggregation = 'seq-mean-token-mean' to follow the GSPO paper"
+            )
+        return warnings
 
     def needs(self) -> Needs:
         """A processor, the prompts, rewards, a rollout engine; a reference with a KL term

@@ -6,8 +6,9 @@ that is 1 on completion tokens that carry loss. Advantages are one value per seq
 
 Knobs and the papers they come from:
 
-- group-normalised advantages, optionally without the std division (Dr.GRPO:
-  ``scale="none"``);
+- group-normalised advantages, scaled by the group's std, the batch's std
+  (``scale="batch"``) or not at all (Dr.GRPO: ``scale="none"``); completions no reward
+  scored are left out of the baselines with advantage 0;
 - clipped importance ratio with separate lower and upper bounds (DAPO "clip-higher");
 - token-level or sequence-level importance ratio (GSPO: ``level="sequence"``);
 - loss aggregation: ``token-mean`` (DAPO), ``seq-mean-token-mean`` (original GRPO) and
@@ -22,7 +23,7 @@ from typing import Literal
 
 import torch
 
-AdvantageScale = Literal["group", "none"]
+AdvantageScale = Literal["group", "batch", "none"]
 LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
 ImportanceLevel = Literal["token", "sequence"]
@@ -38,26 +39,58 @@ def group_advantages(
     *,
     scale: AdvantageScale = "group",
     eps: float = 1e-6,
+    valid: torch.Tensor | None = None,
+    batch_std: float | None = None,
 ) -> torch.Tensor:
     """Advantages of rewards laid out as consecutive groups of ``group_size`` completions.
 
-    Each reward minus its group's mean; with ``scale="group"`` also divided by the group's
-    (unbiased) standard deviation plus ``eps``. A group whose rewards are all equal gets
-    zero advantages either way. Returns a tensor shaped like ``rewards``.
+    Each reward minus its group's mean, then divided by a standard deviation (unbiased)
+    plus ``eps``: the group's (``scale="group"``), the whole batch's rewards
+    (``scale="batch"``; ``batch_std`` gives it when the batch spans several processes) or
+    none (``scale="none"``, Dr.GRPO). A group whose rewards are all equal gets zero
+    advantages.
+
+    ``valid`` (bool, shaped like ``rewards``) marks scored completions; the others (every
+    reward returned ``None``) are left out of the means and deviations and get advantage
+    0 (TRL instead sums their rewards to 0 and keeps them in the baseline). Returns a
+    tensor shaped like ``rewards``.
     """
     if rewards.ndim != 1 or rewards.numel() % group_size:
         raise ValueError(
             f"rewards must be 1-D with a multiple of group_size={group_size} entries, got "
             f"shape {tuple(rewards.shape)}"
         )
-    grouped = rewards.double().view(-1, group_size)
-    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale not in ("group", "batch", "none"):
+        raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
+    mask = (torch.ones_like(rewards, dtype=torch.bool) if valid is None
+            else valid.to(torch.bool)).view(-1, group_size)
+    grouped = torch.where(mask, rewards.double().view(-1, group_size), 0.0)
+    count = mask.sum(dim=1, keepdim=True).double()
+    mean = grouped.sum(dim=1, keepdim=True) / count.clamp(min=1.0)
+    centred = torch.where(mask, grouped - mean, 0.0)
     if scale == "group":
-        std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(centred)
+        variance = centred.square().sum(dim=1, keepdim=True) / (count - 1).clamp(min=1.0)
+        centred = centred / (variance.sqrt() + eps)
+    elif scale == "batch":
+        std = batch_std if batch_std is not None else std_from_moments(
+            *reward_moments(rewards, valid))
         centred = centred / (std + eps)
-    elif scale != "none":
-        raise ValueError(f"scale must be 'group' or 'none', got {scale!r}")
     return centred.view(-1).to(rewards.dtype if rewards.is_floating_point() else torch.float32)
+
+
+def reward_moments(rewards: torch.Tensor, valid: torch.Tensor | None = None
+                   ) -> tuple[float, float, float]:
+    """``(count, sum, sum of squares)`` of the valid rewards: what processes add up to get
+    the standard deviation of a batch spread over them (:func:`std_from_moments`)."""
+    values = rewards.double() if valid is None else rewards.double()[valid.to(torch.bool)]
+    return float(values.numel()), float(values.sum()), float(values.square().sum())
+
+
+def std_from_moments(count: float, total: float, squares: float) -> float:
+    """The unbiased standard deviation from :func:`reward_moments` (0 below two values)."""
+    if count < 2:
+        return 0.0
+    return max(squares - total * total / count, 0.0) ** 0.5 / (count - 1) ** 0.5
 
 
 def kl_estimate(

@@ -22,6 +22,7 @@ from reasonctl.cli.eval_cmd import eval_command
 from reasonctl.cli.export_cmd import export_command
 from reasonctl.cli.infer_cmd import infer_command
 from reasonctl.cli.plugins_cmd import plugins_command
+from reasonctl.cli.rewards_cmd import rewards_app
 from reasonctl.cli.serve_rewards_cmd import serve_rewards_command
 from reasonctl.cli.upload_cmd import upload_command
 from reasonctl.core.config import redact_text
@@ -83,6 +84,7 @@ def build_app(host: PluginHost) -> typer.Typer:
     app.command("eval")(handle_errors(eval_command))
     app.command("infer")(handle_errors(infer_command))
     app.command("export")(handle_errors(export_command))
+    app.add_typer(rewards_app(), name="rewards", help="Score completions with a config's rewards.")
     app.command("upload")(handle_errors(upload_command))
     app.command("serve-rewards")(serve_rewards_command)
     _add_plugin_commands(app, host)

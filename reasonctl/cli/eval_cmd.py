@@ -1,4 +1,4 @@
-"""``reasonctl eval``: accuracy of a model on a data set, overall and per source."""
+"""``reasonctl eval``: accuracy of a model on a data set, or on the benchmarks of a config."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ import typer
 
 
 def eval_command(
-    model: Annotated[str, typer.Option("--model", help="Model directory or storage URI.")],
-    data: Annotated[str, typer.Option("--data", help="Evaluation data file (jsonl, llava).")],
+    model: Annotated[str | None, typer.Option(
+        "--model", help="Model directory or storage URI (default: model.name_or_path).")] = None,
+    data: Annotated[str | None, typer.Option(
+        "--data", help="One evaluation data file (jsonl, llava); without it, the config's "
+        "benchmarks (eval.datasets) are evaluated.")] = None,
     answer_format: Annotated[
         str | None,
         typer.Option("--answer-format",
-                     help="letter | reasoning | free (default: eval.answer_format)"),
+                     help="letter | reasoning | free | math (default: eval.answer_format)"),
     ] = None,
     config: Annotated[list[str] | None, typer.Option(
         "--config", "-c", help="TOML config file; repeat to deep-merge (later wins)."
@@ -22,31 +25,55 @@ def eval_command(
     set_: Annotated[list[str] | None, typer.Option(
         "--set", "-s", help="Override a key: --set rollout.max_new_tokens=512."
     )] = None,
-    output: Annotated[
-        Path | None, typer.Option("--output", help="Directory for predictions.jsonl.")
-    ] = None,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "--results-dir",
+        help="Results directory (default outputs/eval/<data name>, or eval.results_dir).",
+    )] = None,
     max_samples: Annotated[int | None, typer.Option("--max-samples", min=1)] = None,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Default eval.seed.")] = None,
 ) -> None:
-    """Generate one answer per sample (greedy unless ``eval.temperature`` is set), parse
-    it per ``--answer-format``, and print the accuracy table.
+    """Generate one answer per sample (greedy unless ``eval.temperature`` is set), judge it
+    with the reward of its answer format, and print the accuracy table.
 
-    Writes ``predictions.jsonl`` (prompt, response, parsed answer, reference, correct,
-    source) and ``summary.json`` to ``--output`` (default ``outputs/eval/<data name>``).
+    With ``--data``: writes ``predictions.jsonl`` (prompt, response, parsed answer,
+    reference, correct, source) and ``summary.json`` to ``--output``. Without it, evaluates
+    every benchmark of the config (eval.datasets): one JSON per sample under
+    ``<results dir>/<benchmark>/`` (already scored samples are skipped when
+    ``eval.resume``), then ``summary.json``, ``accuracy.csv`` and ``accuracy.png``.
     The same model, data, config and seed give the same predictions.
     """
     from rich.console import Console
 
     from reasonctl.cli import common
+
+    run_config = common.load(config, set_, values={})
+    console = Console()
+    if data is None:
+        from reasonctl.evaluation.benchmark import run_benchmarks
+        from reasonctl.evaluation.summary import benchmark_table, write_summary
+
+        if answer_format is not None:
+            common.fail("--answer-format applies to --data; set answer_format in [eval] or "
+                        "in each [[eval.datasets]] entry", code=2)
+        report = run_benchmarks(run_config, common.host().registry, model=model,
+                                results_dir=output, max_samples=max_samples, seed=seed,
+                                info=lambda message: common.console.print(message,
+                                                                          highlight=False))
+        paths = write_summary(report)
+        console.print(benchmark_table(report))
+        console.print(f"results: {report.results_dir} (accuracy: {paths['csv'].name}, "
+                      f"{paths['chart'].name})", highlight=False)
+        return
     from reasonctl.evaluation.scoring import accuracy_table, write_report
     from reasonctl.evaluation.standalone import evaluate
 
-    run_config = common.load(config, set_, values={})
+    if model is None:
+        model = run_config.model.name_or_path
     report = evaluate(
         run_config, common.host().registry, model=model, data=data,
-        answer_format=answer_format, max_samples=max_samples, seed=seed,
+        answer_format=answer_format, max_samples=max_samples,
+        seed=run_config.eval.seed if seed is None else seed,
     )
     directory = write_report(report, output or Path("outputs") / "eval" / Path(data).stem)
-    console = Console()
     console.print(accuracy_table(report))
     console.print(f"predictions: {directory / 'predictions.jsonl'}", highlight=False)

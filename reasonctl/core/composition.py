@@ -123,11 +123,13 @@ def build_processor(ctx: RunContext) -> Processor:
 
 
 def build_dataset(ctx: RunContext, *, path: str | None = None,
-                  format_name: str | None = None) -> Dataset:
+                  format_name: str | None = None,
+                  media: dict[str, Any] | None = None) -> Dataset:
     """The configured dataset format, seen through the ``[data]`` options.
 
     ``path`` replaces the format's data location (its ``path``, ``name`` or ``root``
-    option), e.g. for an evaluation set; ``format_name`` replaces ``data.format``.
+    option), e.g. for an evaluation set; ``format_name`` replaces ``data.format``;
+    ``media`` sets options the format has (``fps``, ``max_pixels``), the others ignored.
     """
     from reasonctl.data.datasets import DatasetView
 
@@ -135,6 +137,9 @@ def build_dataset(ctx: RunContext, *, path: str | None = None,
     options = ctx.component_config("data", name)
     if path is not None:
         options = _with_data_location(options, name, path)
+    if media and options is not None:
+        fields = type(options).model_fields
+        options = options.model_copy(update={k: v for k, v in media.items() if k in fields})
     dataset = build_component(ctx, "dataset", "data", name, options)
     return DatasetView.for_run(dataset, ctx.config.data)
 

@@ -127,6 +127,10 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     suppress_token_ids: list[int] = field(default_factory=list)
+    repetition_penalty: float = 1.0
+    """Above 1, tokens already in the prompt or the completion are made less likely (as
+    ``transformers``' ``repetition_penalty``: positive logits divided, negative ones
+    multiplied); log-probs are then recorded after the penalty. 1 disables it."""
 
 
 @dataclass

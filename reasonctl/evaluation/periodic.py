@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from reasonctl.algorithms.rollouts import sync_engine_weights
 from reasonctl.core.types import Metrics, Sample
+from reasonctl.evaluation.answers import AnswerScorer
 from reasonctl.evaluation.scoring import sampling_for_eval, score_samples
 
 if TYPE_CHECKING:
@@ -19,14 +20,16 @@ class PeriodicEvaluator:
 
     Each data-parallel rank answers its share of ``[eval] data`` greedily (or at
     ``eval.temperature``) with the run's rollout engine, refreshed with the trainer's
-    weights first; ``eval/accuracy`` is pooled over ranks, ``eval/<source>/accuracy`` is
-    reported on one process.
+    weights first, and judges them with the run's reward of the answer format (see
+    :mod:`reasonctl.evaluation.answers`); ``eval/accuracy`` is pooled over ranks,
+    ``eval/<source>/accuracy`` is reported on one process.
     """
 
     def __init__(self, samples: Sequence[Sample], *, answer_format: str, source: str) -> None:
         self.samples = list(samples)
         self.answer_format = answer_format
         self.source = source
+        self.scorer: AnswerScorer | None = None
 
     def evaluate(self, ctx: RunContext) -> Metrics:
         """Answer and score the evaluation samples with the current policy."""
@@ -35,11 +38,13 @@ class PeriodicEvaluator:
         backend = ctx.backend
         if backend is not None:
             sync_engine_weights(ctx.engine, backend)
+        if self.scorer is None:  # judged like the run's rewards of the same name
+            self.scorer = AnswerScorer.from_config(self.answer_format, ctx.config, ctx.registry)
         report = score_samples(ctx.engine, ctx.processor, self.samples,
                                answer_format=self.answer_format,
                                params=sampling_for_eval(ctx.config, seed=ctx.config.run.seed,
                                                         processor=ctx.processor),
-                               default_source=self.source)
+                               default_source=self.source, scorer=self.scorer)
         correct = float(sum(p.correct for p in report.predictions))
         total = float(len(report.predictions))
         metrics: Metrics = {}

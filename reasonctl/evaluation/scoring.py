@@ -1,23 +1,10 @@
-"""Scoring answers for evaluation: parse the answer, compare, tabulate.
+"""Scoring answers for evaluation: generate, judge with the rewards, tabulate.
 
-:func:`evaluate` loads a model directory (a training export or any Hugging Face model),
-generates one answer per sample with the embedded rollout engine (greedy unless the
-config sets ``eval.temperature``), parses each answer per ``answer_format`` with the
-same parsers the rewards use, and returns an :class:`EvalReport`; :func:`write_report`
-stores ``predictions.jsonl`` and ``summary.json``; :func:`accuracy_table` renders the
-overall and per-source accuracy.
-
-Answer formats:
-
-- ``letter``: a multiple-choice letter, read from an ``<answer>`` block when present,
-  else from the whole response (``B``, ``(B)``, ``Answer: B`` ...);
-- ``reasoning``: ``<think>...</think><answer>...</answer>``; only the ``<answer>`` block
-  counts, and a response without one is wrong;
-- ``free``: the whole response.
-
-The parsed answer is compared with the reference as a choice letter when the sample is
-multiple choice (options in ``meta``/``qa_pairs`` or a letter reference), else as a
-number or math expression when the reference is one, else as normalised text.
+:func:`score_samples` generates one answer per sample with a rollout engine and judges it
+with :class:`~reasonctl.evaluation.answers.AnswerScorer` (the reward of the answer format,
+so evaluation scores exactly as training rewards); :func:`write_report` stores
+``predictions.jsonl`` and ``summary.json``; :func:`accuracy_table` renders the overall and
+per-source accuracy.
 """
 
 from __future__ import annotations
@@ -26,20 +13,15 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from reasonctl.core.errors import ConfigError
 from reasonctl.core.types import Sample, SamplingParams
+from reasonctl.evaluation.answers import AnswerScorer, evaluation_sample
 
 if TYPE_CHECKING:
     from rich.table import Table
 
     from reasonctl.core.config import RunConfig
-
-AnswerFormat = Literal["letter", "reasoning", "free"]
-ANSWER_FORMATS: tuple[str, ...] = ("letter", "reasoning", "free")
-ANSWER_TAG = "answer"
-
 
 @dataclass
 class Prediction:
@@ -53,6 +35,8 @@ class Prediction:
     source: str
     finish_reason: str = "stop"
     sample: str = ""
+    reward: str = ""
+    """The reward that judged the answer (``choice``, ``math`` or ``exact_match``)."""
 
 
 @dataclass
@@ -95,70 +79,17 @@ class EvalReport:
 
 
 def parse_and_score(response: str, sample: Sample, answer_format: str) -> tuple[str | None, bool]:
-    """The answer parsed from ``response`` and whether it matches ``sample``'s reference."""
-    from reasonctl.rewards.answers import (
-        extract_choice_letter,
-        extract_final_number,
-        extract_tagged,
-        math_answers_match,
-        normalize_text,
-        numbers_match,
-        parse_number,
-    )
-    from reasonctl.rewards.choice import choice_question
-
-    if answer_format not in ANSWER_FORMATS:
-        raise ConfigError([f"--answer-format: {answer_format!r} is not one of "
-                           f"{', '.join(ANSWER_FORMATS)}"])
-    tagged = extract_tagged(response, ANSWER_TAG)
-    if answer_format == "reasoning":
-        region = tagged
-    elif answer_format == "letter":
-        region = tagged if tagged is not None else response
-    else:
-        region = response
-    if region is None or not region.strip():
-        return None, False
-    question = choice_question(sample)
-    if question is not None and (question.options or question.letter is not None):
-        valid = "".join(question.options) or _reference_letters(question.letter)
-        picked = extract_choice_letter(region, letters=valid)
-        if picked is None and question.options:
-            key = normalize_text(region)
-            picked = next((k for k, v in question.options.items() if normalize_text(v) == key),
-                          None)
-        if question.letter is not None:
-            return picked, picked == question.letter
-        chosen = question.options.get(picked, region) if picked else region
-        correct = normalize_text(chosen) == normalize_text(question.text or "")
-        return picked or region.strip(), correct
-    reference = sample.reference
-    answer = region.strip()
-    if reference is None:
-        return answer, False
-    if isinstance(reference, (int, float)) or parse_number(str(reference)) is not None:
-        number = extract_final_number(answer)
-        correct = math_answers_match(answer, reference) or (
-            number is not None and bool(numbers_match(number, reference))
-        )
-        return answer, correct
-    references = reference if isinstance(reference, (list, tuple)) else [reference]
-    return answer, any(normalize_text(answer) == normalize_text(str(r)) for r in references)
-
-
-def _reference_letters(letter: str | None) -> str:
-    from reasonctl.rewards.answers import LETTERS
-
-    if letter is None:
-        return LETTERS
-    return LETTERS[: max(LETTERS.index(letter) + 1, 4)]
+    """The answer read from ``response`` and whether it is correct, judged by the reward of
+    ``answer_format`` with its default options (:class:`AnswerScorer`)."""
+    return AnswerScorer(answer_format).score(response, sample)
 
 
 def sampling_for_eval(config: RunConfig, *, seed: int, processor: Any = None
                       ) -> SamplingParams:
-    """``eval.temperature`` (greedy by default) with ``rollout`` top-p/top-k/stop, and
-    ``eval.max_new_tokens`` or else ``rollout.max_new_tokens``; with the ``processor``,
-    its reserved tokens and ``rollout.suppress_tokens`` are never sampled."""
+    """``eval.temperature`` (greedy by default) and ``eval.repetition_penalty`` with
+    ``rollout`` top-p/top-k/stop, and ``eval.max_new_tokens`` or else
+    ``rollout.max_new_tokens``; with the ``processor``, its reserved tokens and
+    ``rollout.suppress_tokens`` are never sampled."""
     from reasonctl.data.processing import suppressed_token_ids
 
     rollout, section = config.rollout, config.eval
@@ -167,7 +98,8 @@ def sampling_for_eval(config: RunConfig, *, seed: int, processor: Any = None
     return SamplingParams(n=1, temperature=section.temperature, top_p=rollout.top_p,
                           top_k=rollout.top_k,
                           max_new_tokens=section.max_new_tokens or rollout.max_new_tokens,
-                          stop=list(rollout.stop), seed=seed, suppress_token_ids=suppress)
+                          stop=list(rollout.stop), seed=seed, suppress_token_ids=suppress,
+                          repetition_penalty=section.repetition_penalty)
 
 
 def score_samples(
@@ -178,34 +110,36 @@ def score_samples(
     answer_format: str,
     params: SamplingParams,
     default_source: str = "data",
+    scorer: AnswerScorer | None = None,
 ) -> EvalReport:
     """Generate one answer per sample with ``engine`` and score it.
 
     Used by :func:`evaluate` and by the runner's periodic evaluation with the policy's own
-    engine. Multiple-choice options are lettered into the prompt as in training. A sample's
-    source is its ``meta["source"]``, else ``default_source``.
+    engine. Multiple-choice options are lettered into the prompt as in training, and a
+    sample without a reference is judged against its final assistant turn
+    (:func:`~reasonctl.evaluation.answers.evaluation_sample`). A sample's source is its
+    ``meta["source"]``, else ``default_source``. ``scorer`` judges the
+    answers (default: the rewards of ``answer_format`` with their default options).
     """
-    if answer_format not in ANSWER_FORMATS:
-        raise ConfigError([f"answer format {answer_format!r} is not one of "
-                           f"{', '.join(ANSWER_FORMATS)}"])
-    from reasonctl.data.prompting import layout_mcq
+    scorer = scorer or AnswerScorer(answer_format)
 
     encoded = [processor.encode_prompt(s) for s in samples]
     groups = engine.generate([e.as_prompt() for e in encoded], params)
     report = EvalReport(answer_format=answer_format)
     for sample, group in zip(samples, groups, strict=True):
         completion = group[0]
-        laid_out = layout_mcq(sample)
-        parsed, correct = parse_and_score(completion.text, laid_out, answer_format)
+        laid_out = evaluation_sample(sample)
+        reward, judgement = scorer.judge(completion.text, laid_out)
         report.predictions.append(Prediction(
             prompt="\n".join(m.text for m in laid_out.prompt_messages() if m.role != "system"),
             response=completion.text,
-            parsed=parsed,
-            reference=_shown_reference(sample),
-            correct=correct,
+            parsed=judgement.answer,
+            reference=_shown_reference(laid_out),
+            correct=judgement.score == 1.0,
             source=str(sample.meta.get("source") or default_source),
             finish_reason=completion.finish_reason,
             sample=sample.source,
+            reward=reward,
         ))
     return report
 

@@ -15,6 +15,7 @@ from reasonctl.core.composition import build_eval_samples, build_processor, buil
 from reasonctl.core.lifecycle import LifecycleHooks
 from reasonctl.core.protocols import RunContext
 from reasonctl.core.types import ModelSource
+from reasonctl.evaluation.answers import AnswerScorer, check_answer_format
 from reasonctl.evaluation.scoring import EvalReport, sampling_for_eval, score_samples
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ def evaluate(
     import torch
 
     answer_format = answer_format or config.eval.answer_format
+    check_answer_format(answer_format, where="--answer-format")
     ctx = evaluation_context(config, registry, model=model)
     samples = build_eval_samples(ctx, data, max_samples=max_samples)
     torch.manual_seed(seed)
@@ -75,6 +77,7 @@ def evaluate(
         engine, ctx.processor, samples, answer_format=answer_format,
         params=sampling_for_eval(config, seed=seed, processor=ctx.processor),
         default_source=Path(data or config.eval.data or "data").stem,
+        scorer=AnswerScorer.from_config(answer_format, config, registry),
     )
     report.model, report.data = model, str(data or config.eval.data)
     return report

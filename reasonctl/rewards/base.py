@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -28,6 +29,19 @@ def check_tag(value: str | None) -> str | None:
             "angle brackets (e.g. 'answer')"
         )
     return value
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """How a reward read one completion: the ``answer`` it found (``None``: none) and the
+    ``score`` it gave (``None``: the reward does not apply, e.g. no reference).
+
+    Evaluation reports the answer and counts a score of 1 as correct, so it judges exactly
+    as the reward of the same name.
+    """
+
+    answer: str | None
+    score: float | None
 
 
 ConfigT = TypeVar("ConfigT", bound=RewardConfig)

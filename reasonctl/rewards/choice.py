@@ -24,8 +24,9 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from reasonctl.core.types import Sample
-from reasonctl.rewards.answers import extract_choice_letter, extract_tagged, normalize_text
-from reasonctl.rewards.base import PerSampleReward, RewardConfig, check_tag
+from reasonctl.rewards.answers import extract_tagged, normalize_text
+from reasonctl.rewards.base import Judgement, PerSampleReward, RewardConfig, check_tag
+from reasonctl.rewards.choice_answers import option_letter, read_choice
 
 
 class ChoiceConfig(RewardConfig):
@@ -37,7 +38,11 @@ class ChoiceConfig(RewardConfig):
     )
     answer_tag: str | None = Field(
         default="answer",
-        description="Read the letter inside this tag when present; null: the whole text.",
+        description="Read the letter in the last block of this tag when present; null: the "
+        "whole text.",
+    )
+    require_tag: bool = Field(
+        default=False, description="true: a completion without the answer block scores 0."
     )
 
     @field_validator("letters")
@@ -88,28 +93,31 @@ def choice_question(sample: Sample, letters: str = string.ascii_uppercase) -> Ch
         letter = valid[answer] if 0 <= answer < len(valid) else None
         return ChoiceQuestion(options, letter, None)
     text = str(answer).strip()
-    letter = option_letter(text, options) or extract_choice_letter(text, letters=valid)
+    letter = option_letter(text, options) or read_choice(text, valid).letter
     return ChoiceQuestion(options, letter, None if letter else text)
 
 
-def choice_score(text: str, sample: Sample, config: ChoiceConfig) -> float | None:
-    """1.0 when the letter picked in ``text`` is the correct one, 0.0 otherwise, ``None``
-    when the sample has no reference answer."""
+def choice_judgement(text: str, sample: Sample, config: ChoiceConfig) -> Judgement:
+    """The letter ``text`` commits to (:mod:`reasonctl.rewards.choice_answers`) and its
+    score: 1.0 for the correct option, 0.0 otherwise (a hedge, no pick, or no answer block
+    under ``require_tag``), ``None`` when the sample has no reference answer."""
     question = choice_question(sample, config.letters)
+    tagged = extract_tagged(text, config.answer_tag) if config.answer_tag else None
+    if tagged is None and config.require_tag:
+        return Judgement(None, None if question is None else 0.0)
+    region = text if tagged is None else tagged
+    valid = question.valid_letters(config.letters) if question else config.letters
+    reading = read_choice(region, valid, question.options if question else None)
     if question is None:
-        return None
-    answer = extract_tagged(text, config.answer_tag) if config.answer_tag else None
-    if answer is None:
-        answer = text
-    valid = question.valid_letters(config.letters)
-    picked = extract_choice_letter(answer, letters=valid) or option_letter(
-        answer, question.options
-    )
+        return Judgement(reading.letter, None)
     if question.letter is not None:
-        return 1.0 if picked == question.letter else 0.0
+        return Judgement(reading.letter, 1.0 if reading.letter == question.letter else 0.0)
     assert question.text is not None
-    chosen = question.options.get(picked, answer) if picked else answer
-    return 1.0 if normalize_text(chosen) == normalize_text(question.text) else 0.0
+    if reading.hedged:
+        return Judgement(None, 0.0)
+    chosen = question.options.get(reading.letter, region) if reading.letter else region
+    right = normalize_text(chosen) == normalize_text(question.text)
+    return Judgement(reading.letter or region.strip() or None, 1.0 if right else 0.0)
 
 
 def _layout(sample: Sample) -> Mapping[str, Any] | None:
@@ -129,18 +137,9 @@ def _options(raw: Any, letters: str) -> dict[str, str]:
     return {}
 
 
-def option_letter(text: str, options: Mapping[str, str]) -> str | None:
-    """The letter whose option text equals ``text`` (case and spacing ignored)."""
-    key = normalize_text(text)
-    for letter, option in options.items():
-        if normalize_text(option) == key:
-            return letter
-    return None
-
-
 class ChoiceReward(PerSampleReward[ChoiceConfig]):
     """1 when the picked option letter matches the reference, 0 if not; None without one."""
 
     def score_one(self, completion: str, sample: Sample) -> float | None:
         """Score one completion against its sample's options and answer."""
-        return choice_score(completion, sample, self.config)
+        return choice_judgement(completion, sample, self.config).score

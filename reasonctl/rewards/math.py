@@ -1,26 +1,23 @@
-"""``math``: is the final answer numerically (or literally) the reference answer?
+"""``math``: is the final answer mathematically the reference answer?
 
-The predicted answer is read from the ``<answer>`` block when there is one (configurable),
-then from the last ``\\boxed{...}`` in it, else (unless ``require_boxed``) the last number
-written. The reference is ``sample.reference``: a number, or text whose ``\\boxed{...}``
-or GSM8K-style ``#### 42`` tail is taken when present, else the whole text.
+How the answer is read and compared is :mod:`reasonctl.rewards.math_answers` (the last
+``<answer>`` block, boxes, GSM8K ``####`` references, exact integers, a relative tolerance
+for decimals, symbolic equivalence with ``math-verify`` under a time limit, hedges wrong);
+evaluation with ``answer_format = "math"`` uses the same rules and options.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field, field_validator
 
 from reasonctl.core.types import Sample
-from reasonctl.rewards.answers import (
-    extract_boxed,
-    extract_final_number,
-    extract_tagged,
-    math_answers_match,
-    numbers_match,
+from reasonctl.rewards.base import Judgement, PerSampleReward, RewardConfig, check_tag
+from reasonctl.rewards.math_answers import (
+    DEFAULT_REL_TOL,
+    DEFAULT_TIMEOUT_S,
+    MathRules,
+    judge_math,
 )
-from reasonctl.rewards.base import PerSampleReward, RewardConfig, check_tag
 
 
 class MathConfig(RewardConfig):
@@ -28,60 +25,45 @@ class MathConfig(RewardConfig):
 
     answer_tag: str | None = Field(
         default="answer",
-        description="Look inside this tag when present; null: always the whole text.",
+        description="Read the last block of this tag when present; null: the whole text.",
+    )
+    require_tag: bool = Field(
+        default=False, description="true: a completion without the answer block scores 0."
     )
     require_boxed: bool = Field(
-        default=False, description="true: no \\boxed{} answer scores 0 (no last-number fallback)."
+        default=False, description="true: no \\boxed{} answer scores 0 (no other reading)."
     )
-    rel_tol: float = Field(default=1e-6, ge=0, description="Relative tolerance of equality.")
-    abs_tol: float = Field(default=1e-9, ge=0, description="Absolute tolerance of equality.")
+    rel_tol: float = Field(
+        default=DEFAULT_REL_TOL, ge=0, lt=1,
+        description="Relative tolerance of a decimal against a fraction or a constant like "
+        "\\pi; numbers written as integers or decimals compare exactly.",
+    )
+    timeout_s: float = Field(
+        default=DEFAULT_TIMEOUT_S, gt=0,
+        description="Time limit of one symbolic comparison; when it runs out the answer "
+        "scores 0 (and the same comparison is not retried for 5 minutes).",
+    )
 
     @field_validator("answer_tag")
     @classmethod
     def _tag(cls, value: str | None) -> str | None:
         return check_tag(value)
 
-
-def reference_answer(reference: Any) -> str | float | None:
-    """The final answer in a math reference (see the module docstring), or ``None``."""
-    if reference is None or isinstance(reference, bool):
-        return None
-    if isinstance(reference, (int, float)):
-        return float(reference)
-    text = str(reference)
-    boxed = extract_boxed(text)
-    if boxed is not None:
-        return boxed
-    if "####" in text:
-        return text.rsplit("####", 1)[1].strip()
-    return text.strip() or None
+    def rules(self) -> MathRules:
+        """These options as :class:`~reasonctl.rewards.math_answers.MathRules`."""
+        return MathRules(answer_tag=self.answer_tag, require_tag=self.require_tag,
+                         require_boxed=self.require_boxed, rel_tol=self.rel_tol,
+                         timeout_s=self.timeout_s)
 
 
-def math_score(text: str, reference: Any, config: MathConfig) -> float | None:
-    """1.0 for a correct final answer, 0.0 for a wrong or missing one, ``None`` without a
-    reference."""
-    expected = reference_answer(reference)
-    if expected is None:
-        return None
-    tagged = extract_tagged(text, config.answer_tag) if config.answer_tag else None
-    region = text if tagged is None else tagged
-    tolerance = {"rel_tol": config.rel_tol, "abs_tol": config.abs_tol}
-    boxed = extract_boxed(region)
-    if boxed is not None:
-        return 1.0 if math_answers_match(boxed, expected, **tolerance) else 0.0
-    if config.require_boxed:
-        return 0.0
-    if tagged is not None and math_answers_match(tagged, expected, **tolerance):
-        return 1.0
-    number = extract_final_number(region)
-    if number is None:
-        return 0.0
-    return 1.0 if numbers_match(number, expected, **tolerance) else 0.0
+def math_judgement(text: str, sample: Sample, config: MathConfig) -> Judgement:
+    """The answer read from ``text`` and its score against ``sample.reference``."""
+    return judge_math(text, sample.reference, config.rules())
 
 
 class MathReward(PerSampleReward[MathConfig]):
-    """1 when the boxed (or last) number equals the reference answer, else 0."""
+    """1 when the final answer equals the reference answer, else 0; None without one."""
 
     def score_one(self, completion: str, sample: Sample) -> float | None:
         """Score one completion against ``sample.reference``."""
-        return math_score(completion, sample.reference, self.config)
+        return math_judgement(completion, sample, self.config).score

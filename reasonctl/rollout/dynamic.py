@@ -117,7 +117,11 @@ class DynamicDecoder:
             logits, attention, next_pos = logits[repeat], attention[repeat], next_pos[repeat]
         active = list(range(len(rows)))  # row index of each batch position
         eos = torch.tensor(sorted(self.eos_token_ids), device=device)
+        seen = (_prompt_tokens(prompts, n, logits.shape[-1], device)
+                if params.repetition_penalty != 1.0 else None)
         for step in range(params.max_new_tokens):
+            if seen is not None:
+                logits = penalize_repetition(logits, seen, params.repetition_penalty)
             tokens, logprobs = sample_tokens(
                 logits, temperature=params.temperature, top_k=params.top_k,
                 top_p=params.top_p, generator=generator, bias=bias,
@@ -155,6 +159,10 @@ class DynamicDecoder:
                     cache.batch_select_indices(keep)
                     attention, next_pos, tokens = attention[keep], next_pos[keep], tokens[keep]
                     active = [active[p] for p in keep_positions]
+                    if seen is not None:
+                        seen = seen[keep]
+            if seen is not None:
+                seen[torch.arange(len(active), device=device), tokens] = True
             attention = torch.cat([attention, attention.new_ones(len(active), 1)], dim=1)
             logits = self._forward(
                 tokens.view(-1, 1), attention, next_pos.view(-1, 1), cache
@@ -220,6 +228,25 @@ class DynamicDecoder:
         out = self.model(**kwargs)
         return out.logits[:, -1, :]
 
+
+
+def penalize_repetition(logits: torch.Tensor, seen: torch.Tensor, penalty: float
+                        ) -> torch.Tensor:
+    """``logits`` (``[B, V]``) with the tokens marked in ``seen`` penalised as
+    ``transformers``' repetition penalty does: positive logits divided by ``penalty``,
+    negative ones multiplied by it."""
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def _prompt_tokens(prompts: Sequence[dict[str, Any]], n: int, vocab: int,
+                   device: torch.device) -> torch.Tensor:
+    """``[len(prompts) * n, vocab]`` booleans: which tokens each row's prompt holds."""
+    seen = torch.zeros((len(prompts) * n, vocab), dtype=torch.bool, device=device)
+    for index, prompt in enumerate(prompts):
+        ids = torch.as_tensor(prompt["input_ids"], device=device).view(-1)
+        seen[index * n : (index + 1) * n, ids[ids < vocab]] = True
+    return seen
 
 
 def _new_cache() -> Any:

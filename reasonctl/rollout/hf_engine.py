@@ -6,8 +6,9 @@ autocast). Text prompts on supported models take the static path
 (:class:`~reasonctl.rollout.static.decoder.StaticDecoder`: a static slot cache,
 continuous batching, CUDA graphs, the Triton kernels of :mod:`reasonctl.rollout.kernels`),
 and so do vision prompts on Qwen2.5-VL and Qwen3-VL (batched vision prefill, multimodal
-rotary offsets per slot); vision prompts of other models, other models,
-``decode="dynamic"`` and :meth:`HFRolloutEngine.stream` take the dynamic path
+rotary offsets per slot); vision prompts of other models, other models, a
+``repetition_penalty``, ``decode="dynamic"`` and :meth:`HFRolloutEngine.stream` take the
+dynamic path
 (:class:`~reasonctl.rollout.dynamic.DynamicDecoder`, a per-token loop over
 ``transformers``' dynamic cache). Both sample, record log-probs and cut stop
 strings alike.
@@ -143,8 +144,8 @@ class HFRolloutEngine:
         generator = self._generator(params.seed)
         bias = self._suppression(params)
         with_vision = has_vision_inputs(prompts)
-        static = self.static_decoder is not None and (
-            not with_vision or self.static_decoder.takes_vision)
+        static = (self.static_decoder is not None and params.repetition_penalty == 1.0
+                  and (not with_vision or self.static_decoder.takes_vision))
         with self._inference():
             if static:
                 assert self.static_decoder is not None
@@ -312,3 +313,6 @@ def _check_params(params: SamplingParams) -> None:
         raise ValueError(f"SamplingParams.temperature must be >= 0 (got {params.temperature})")
     if not 0 < params.top_p <= 1:
         raise ValueError(f"SamplingParams.top_p must be in (0, 1] (got {params.top_p})")
+    if params.repetition_penalty <= 0:
+        raise ValueError("SamplingParams.repetition_penalty must be > 0 "
+                         f"(got {params.repetition_penalty})")

@@ -101,6 +101,24 @@ def run(
     or a name -> dataset mapping. ``plugins`` are extra plugin objects;
     ``plugin_manager`` replaces the default host entirely.
     """
+    resolved, host = resolve_run_config(config, rewards=rewards, datasets=datasets,
+                                        plugins=plugins, plugin_manager=plugin_manager,
+                                        overrides=overrides)
+    preflight(resolved, host.registry)
+    return _run(resolved, host=host)
+
+
+def resolve_run_config(
+    config: RunConfig | str | Path | Mapping[str, Any],
+    *,
+    rewards: Sequence[RewardLike] | Mapping[str, Callable[..., Any]] = (),
+    datasets: Any = None,
+    plugins: Iterable[Any] = (),
+    plugin_manager: PluginHost | None = None,
+    overrides: Iterable[str] = (),
+) -> tuple[RunConfig, PluginHost]:
+    """The validated config and the plugin host of :func:`run`'s arguments (the Python
+    rewards and datasets registered as a run-local plugin, overrides applied)."""
     host = plugin_manager or plugin_host(plugins)
     reward_fns, reward_weights = _normalise_rewards(rewards)
     dataset_map: dict[str, Any] = {}
@@ -130,9 +148,7 @@ def run(
         for text in overrides:
             key, value = parse_override(text)
             set_path(data, key, value)
-    resolved = validate_config(_strip_none(data), model, host.registry)
-    preflight(resolved, host.registry)
-    return _run(resolved, host=host)
+    return validate_config(_strip_none(data), model, host.registry), host
 
 
 def _normalise_rewards(

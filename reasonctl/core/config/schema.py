@@ -19,6 +19,8 @@ from reasonctl.core.config.redaction import redact_secrets
 if TYPE_CHECKING:
     from reasonctl.core.registry import Registry
 
+AnswerFormat = Literal["letter", "reasoning", "free", "math"]
+
 STRICT = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True)
 """No unknown keys, no NaN or infinity, no coercion (``true`` is not a number, ``"5"`` not an
 integer): values come typed from TOML, and ``--set`` / environment values are parsed as TOML
@@ -287,19 +289,52 @@ class LoggingSection(Section):
     plot: bool = True
 
 
+class EvalDataset(Section):
+    """One ``[[eval.datasets]]`` entry: a benchmark that ``reasonctl eval`` scores."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                      description="Names the results sub-directory and the table row.")
+    path: str = Field(min_length=1, description="Data file, directory or dataset name.")
+    format: str | None = Field(default=None, description="Data format (default data.format).")
+    answer_format: AnswerFormat | None = Field(
+        default=None, description="Default eval.answer_format.")
+    max_samples: int | None = Field(default=None, gt=0)
+    fps: float | None = Field(default=None, gt=0, description="Default eval.fps.")
+    max_pixels: int | None = Field(default=None, gt=0, description="Default eval.max_pixels.")
+
+
 class EvalSection(Section):
-    """``[eval]``: evaluation data and answer parsing."""
+    """``[eval]``: evaluation data, generation settings and answer judging."""
 
     data: Annotated[str | None, InputPath("file")] = Field(
         default=None, description="Evaluation file (JSON Lines), checked before the run."
     )
     every_steps: int = Field(default=0, ge=0)
-    answer_format: Literal["letter", "reasoning", "free"] = "reasoning"
+    answer_format: AnswerFormat = Field(
+        default="reasoning",
+        description="How answers are judged: letter (choice reward), math (math reward), "
+        "free (exact_match reward), reasoning (an <answer> block, judged by the reward that "
+        "fits the sample).",
+    )
     max_samples: int | None = Field(default=None, gt=0)
     temperature: float = Field(default=0.0, ge=0, description="0 = greedy decoding.")
     max_new_tokens: int | None = Field(
         default=None, gt=0, description="Defaults to rollout.max_new_tokens."
     )
+    repetition_penalty: float = Field(default=1.0, gt=0, description="1 = none.")
+    seed: int = Field(default=0, ge=0, description="Sampling seed of reasonctl eval.")
+    datasets: list[EvalDataset] = Field(
+        default_factory=list, description="Benchmarks scored by reasonctl eval --config.")
+    results_dir: str | None = Field(
+        default=None, description="One JSON per sample, summary, CSV and chart "
+        "(default outputs/eval/<model name>).")
+    resume: bool = Field(
+        default=True, description="Skip samples already scored with the same settings.")
+    batch_size: int = Field(default=32, gt=0, description="Samples per generation call.")
+    fps: float | None = Field(default=None, gt=0,
+                              description="Video frames per second for the datasets.")
+    max_pixels: int | None = Field(default=None, gt=0,
+                                   description="Pixels per image or frame for the datasets.")
 
 
 class StorageSection(Section):

@@ -1,0 +1,107 @@
+"""``reasonctl rewards score`` and ``reasonctl.score``: a config's rewards on saved
+completions, offline, exactly as training builds and applies them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import reasonctl
+
+ROWS = [
+    {"prompt": "What is 6*7?", "reference": "42",
+     "completion": "<think>6 times 7</think><answer>42</answer>"},
+    {"prompt": "Which vehicle?", "options": ["a car", "a bus", "a truck"], "reference": "B",
+     "completion": "The answer is B. Option C is a truck."},
+    {"prompt": "What is 6*7?", "reference": "Six sevens.\n#### 42",
+     "completion": "<think>hmm</think><answer>41</answer>"},
+    {"prompt": "Which vehicle?", "choices": ["a car", "a bus"], "reference": "A",
+     "completion": "(A) or (B)"},
+]
+CONFIG = """
+[[rewards.components]]
+name = "math"
+
+[[rewards.components]]
+name = "choice"
+weight = 2.0
+
+[[rewards.components]]
+name = "format"
+weight = 0.5
+"""
+
+
+def _write(tmp_path: Path, rows: list[Any]) -> Path:
+    path = tmp_path / "completions.jsonl"
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def _app() -> Any:
+    from reasonctl.cli.app import build_app
+    from reasonctl.core.plugins import PluginHost
+
+    return build_app(PluginHost.load())
+
+
+def test_cli_prints_means_and_writes_per_row_scores(tmp_path: Path) -> None:
+    data = _write(tmp_path, ROWS)
+    config = tmp_path / "rewards.toml"
+    config.write_text(CONFIG)
+    out = tmp_path / "scores.jsonl"
+    result = CliRunner().invoke(_app(), ["rewards", "score", "--config", str(config),
+                                         "--data", str(data), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    for name in ("math", "choice", "format", "total"):
+        assert name in result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    # choice compares a non-letter reference as text when the row has no options
+    assert [r["scores"]["choice"] for r in rows] == [1.0, 1.0, 0.0, 0.0]
+    assert [r["scores"]["format"] for r in rows] == [1.0, 0.0, 1.0, 0.0]
+    assert rows[0]["scores"]["math"] == 1.0 and rows[2]["scores"]["math"] == 0.0
+    assert rows[1]["total"] == pytest.approx(rows[1]["scores"]["math"] + 2.0)
+    assert rows[3]["source"].endswith("completions.jsonl:4")
+    assert "0.5000" in result.output  # the choice mean
+
+
+def test_cli_names_a_bad_row_and_exits_nonzero(tmp_path: Path) -> None:
+    data = _write(tmp_path, [ROWS[0], {"prompt": "q", "reference": "1"}])
+    config = tmp_path / "rewards.toml"
+    config.write_text(CONFIG)
+    result = CliRunner().invoke(_app(), ["rewards", "score", "--config", str(config),
+                                         "--data", str(data)])
+    assert result.exit_code == 1
+    assert "completions.jsonl:2" in result.output and "'completion'" in result.output
+
+
+def test_cli_without_rewards_is_a_config_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(_app(), ["rewards", "score", "--data",
+                                         str(_write(tmp_path, ROWS))])
+    assert result.exit_code == 2
+    assert "rewards.components" in result.output
+
+
+def test_sdk_scores_a_file_or_objects_with_python_rewards(tmp_path: Path) -> None:
+    data = _write(tmp_path, ROWS)
+    config = {"rewards": {"components": [{"name": "math"}]}}
+
+    def short(completion: str, sample: reasonctl.Sample) -> float:
+        return 1.0 if len(completion) < 30 else 0.0
+
+    report = reasonctl.score(config, data, rewards=[short])
+    assert isinstance(report, reasonctl.ScoreReport)
+    assert report.scores.components["short"] == [0.0, 0.0, 0.0, 1.0]
+    assert report.means()["short"] == pytest.approx(0.25)
+    assert report.metrics["reward/math/coverage"] == 1.0
+
+    samples = [reasonctl.Sample([], reference="1/2"), reasonctl.Sample([], reference="3")]
+    direct = reasonctl.score(config, completions=[r"\boxed{0.5}", "<answer>4</answer>"],
+                             samples=samples, overrides=["rewards.on_error='zero'"])
+    assert direct.scores.components["math"] == [1.0, 0.0]
+    with pytest.raises(ValueError, match="either data"):
+        reasonctl.score(config)
