@@ -19,7 +19,7 @@ from reasonctl.data.formats.hf import HfConfig, build_hf_dataset
 from reasonctl.data.formats.jsonl import JsonlConfig, build_jsonl_dataset
 from reasonctl.data.formats.video_folder import VideoFolderConfig, build_video_folder_dataset
 from reasonctl.data.prompting import layout_mcq
-from reasonctl.rewards.choice import ChoiceConfig, choice_score
+from reasonctl.rewards.choice import ChoiceConfig, choice_judgement
 
 QA = {"question": "What does the robot do next?",
       "index2ans": {"A": "picks up the cup", "B": "opens the drawer"}, "answer": "B"}
@@ -46,8 +46,8 @@ def test_cosmos_rl_qa_pairs_rows_need_no_prompt(tmp_path: Path, clip: Path) -> N
         prompt = layout_mcq(sample).messages[0].text
         assert prompt == f"{QA['question']}\nA. picks up the cup\nB. opens the drawer"
         config = ChoiceConfig()
-        assert choice_score("<answer>B</answer>", sample, config) == 1.0
-        assert choice_score("<answer>A</answer>", sample, config) == 0.0
+        assert choice_judgement("<answer>B</answer>", sample, config).score == 1.0
+        assert choice_judgement("<answer>A</answer>", sample, config).score == 0.0
     bad = write_chat_jsonl(tmp_path / "bad.jsonl", [{"video": str(clip), "qa_pairs": {
         "question": "Which?", "index2ans": {"A": "x"}}}])
     with pytest.raises(DataError, match=r"bad.jsonl:1: 'qa_pairs' has no 'answer'"):

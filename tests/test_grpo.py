@@ -274,7 +274,7 @@ name = "grpo"
 prompts_per_step = 4
 kl_beta = 0.1
 dynamic_sampling = true
-max_sampling_rounds = 3
+max_sampling_rounds = 8
 [rollout]
 n = 4
 max_new_tokens = 3
