@@ -41,10 +41,11 @@ def _config(tmp_path: Path, model_dir: Path, **grpo: Any) -> dict[str, Any]:
 
 
 def byte_parity(completion: str, sample: Sample) -> float:
-    """A reward with spread: 1 for an even number of UTF-8 bytes; constant for 'const' rows."""
+    """A reward with spread: 1 when the UTF-8 bytes sum to an even number (about half of any
+    completions, whatever their length); constant for 'const' rows."""
     if sample.meta.get("kind") == "const":
         return 1.0
-    return float(len(completion.encode()) % 2 == 0)
+    return float(sum(completion.encode()) % 2 == 0)
 
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -273,7 +274,7 @@ name = "grpo"
 prompts_per_step = 4
 kl_beta = 0.1
 dynamic_sampling = true
-max_sampling_rounds = 3
+max_sampling_rounds = 8
 [rollout]
 n = 4
 max_new_tokens = 3

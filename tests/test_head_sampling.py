@@ -86,3 +86,15 @@ def test_bad_arguments_are_named() -> None:
         assert fragment in message, fragment
     with pytest.raises(ValueError, match=r"hidden must be \[B, H\]"):
         head_sample(torch.zeros(2, 4), torch.zeros(9, 5), 1.0, seed(1))
+
+
+def test_suppressed_tokens_are_never_drawn() -> None:
+    hidden = _random(20, 16, seed_value=4)
+    weight = _random(150, 16, seed_value=5) * 0.3
+    weight[:64] = hidden.mean(0) * 5  # a whole tile of likely tokens, all suppressed
+    bias = torch.zeros(150)
+    bias[:64] = float("-inf")
+    tokens, logprobs = head_sample(hidden, weight, 1.0, seed(9), bias=bias)
+    assert (tokens >= 64).all()
+    expected = torch.log_softmax(hidden @ weight.T, dim=-1).gather(1, tokens.unsqueeze(1))
+    torch.testing.assert_close(logprobs, expected.squeeze(1), atol=1e-4, rtol=1e-4)

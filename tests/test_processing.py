@@ -84,13 +84,16 @@ def test_system_prompt_is_added_only_when_missing(tiny_tokenizer):
 
 
 def test_truncation_keeps_max_length_tokens_and_flags_it(tiny_tokenizer):
-    processor = ChatProcessor(tiny_tokenizer, max_length=40)
     full = ChatProcessor(tiny_tokenizer, max_length=4096).encode_sft(CONVERSATION)
-    cut = processor.encode_sft(CONVERSATION)
-    assert len(full.input_ids) > 40
-    assert cut.truncated and len(cut.input_ids) == 40
-    assert cut.input_ids == full.input_ids[:40]
-    assert cut.loss_mask == full.loss_mask[:40]
+    limit = full.loss_mask.index(1) + 3  # the first answer keeps three tokens
+    cut = ChatProcessor(tiny_tokenizer, max_length=limit).encode_sft(CONVERSATION)
+    assert len(full.input_ids) > limit
+    assert cut.truncated and len(cut.input_ids) == limit
+    assert cut.input_ids == full.input_ids[:limit]
+    assert cut.loss_mask == full.loss_mask[:limit]
+    # cut before the first answer token: nothing to train on, a bad row naming the sample
+    with pytest.raises(DataError, match="answer is cut off"):
+        ChatProcessor(tiny_tokenizer, max_length=limit - 3).encode_sft(CONVERSATION)
 
 
 def test_encode_prompt_drops_answer_and_ends_with_generation_prompt(tiny_tokenizer):

@@ -115,3 +115,19 @@ def test_engine_samples_with_it_and_logprobs_match_a_full_forward_pass(
                     1, torch.tensor(completion.token_ids).unsqueeze(1)).squeeze(1)
                 torch.testing.assert_close(torch.tensor(completion.logprobs), expected,
                                            atol=1e-4, rtol=1e-4)
+
+
+def test_suppressed_tokens_are_never_drawn_and_logprobs_stay_unbiased(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(race_sampling, "CHUNK", 8)  # a chunk wholly suppressed, too
+    monkeypatch.setattr(race_sampling, "BLOCK", 8)
+    logits = torch.randn(40, 30, generator=torch.Generator().manual_seed(1))
+    logits[:, :8] += 6.0  # the likeliest tokens are the suppressed ones
+    bias = torch.zeros(30)
+    bias[:8] = float("-inf")
+    tokens, logprobs = race_sample(logits, 1.0, seed(3), bias=bias)
+    assert (tokens >= 8).all()
+    expected = torch.log_softmax(logits, dim=-1).gather(1, tokens.unsqueeze(1)).squeeze(1)
+    torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"bias must be a contiguous float32 \[30\]"):
+        race_sample(logits, 1.0, seed(3), bias=bias[:10])

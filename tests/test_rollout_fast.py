@@ -303,3 +303,28 @@ def test_prefills_of_repeated_shapes_read_their_static_inputs(
     assert len(decoder._prefill_inputs) <= limit
     if limit > 1:  # rows of their own and rows filling several slots both replayed
         assert {key[3] for key in shapes} == {True, False}
+
+
+@pytest.mark.parametrize("decode", ["static", "dynamic"])
+def test_suppressed_tokens_are_never_sampled(model: Any, tokenizer: Any,
+                                             prompts: list[list[int]], decode: str) -> None:
+    engine = HFRolloutEngine(model, tokenizer, decode=decode)  # type: ignore[arg-type]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+    seen = {t for group in engine.generate(_inputs(prompts), greedy) for t in group[0].token_ids}
+    banned = sorted(seen - engine.eos_token_ids)
+    again = engine.generate(_inputs(prompts),
+                            dataclasses.replace(greedy, suppress_token_ids=banned))
+    assert not {t for g in again for t in g[0].token_ids} & set(banned)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    half = list(range(0, vocab, 2))  # every even id, end tokens excepted
+    sampled = engine.generate(_inputs(prompts), SamplingParams(
+        n=3, temperature=1.0, max_new_tokens=16, seed=4, suppress_token_ids=half))
+    tokens = {t for g in sampled for c in g for t in c.token_ids}
+    assert not tokens & (set(half) - engine.eos_token_ids)
+    # log-probs are those of the full distribution (what the trainer recomputes)
+    first = sampled[0][0]
+    ids = torch.tensor([prompts[0] + first.token_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompts[0]) - 1 : -1].float()
+    expected = torch.log_softmax(logits, -1).gather(1, ids[0, len(prompts[0]):, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(first.logprobs), expected, atol=1e-4, rtol=1e-4)

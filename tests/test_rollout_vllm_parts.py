@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -81,6 +82,10 @@ def test_sampling_fields_seeds_and_completions() -> None:
     fields = request_fields(params, stop_token_ids={5, 2}, seed=prompt_seed(params, 1))
     assert fields["stop_token_ids"] == [2, 5] and fields["logprobs"] == 0
     assert fields["include_stop_str_in_output"] and fields["max_tokens"] == 9
+    assert "logit_bias" not in fields
+    suppressed = request_fields(replace(params, suppress_token_ids=[7, 9]), stop_token_ids=(),
+                                seed=None)
+    assert suppressed["logit_bias"] == {7: -100.0, 9: -100.0}
     seeds = [prompt_seed(params, i) for i in range(100)]
     samples = {s + i for s in seeds for i in range(params.n)}  # vLLM seeds sample i with s + i
     assert len(samples) == 100 * params.n

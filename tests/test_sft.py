@@ -111,6 +111,8 @@ def test_bad_rows_are_skipped_and_counted(tmp_path: Path) -> None:
     result = run(config, datasets=[*arithmetic(3), no_answer])
     assert result.status == "completed"
     assert result.skipped_rows == 2  # the bad sample is drawn once per step
+    listed = (tmp_path / "skipped_rows.jsonl").read_text().splitlines()
+    assert len(listed) == 2 and all('"row": "x:3"' in line for line in listed)
 
 
 def test_bad_row_stops_the_run_by_default(tmp_path: Path) -> None:

@@ -57,7 +57,8 @@ def test_video_is_sampled_at_the_requested_fps(tmp_path):
 def test_video_inputs_grid_and_time_step(tmp_path):
     path = write_tiny_mp4(tmp_path / "clip.mp4", frames=8, fps=4, size=(64, 48))
     processor = VisionProcessor(min_pixels=3136, video_max_pixels=28 * 28 * 4)
-    pixels, grid, seconds = processor.video_inputs(path, fps=2, max_pixels=None)
+    pixels, grid, seconds, stamps = processor.video_inputs(path, fps=2, max_pixels=None)
+    assert stamps is None  # the Qwen2-VL layout has no timestamps
     assert grid[0] == 2  # 4 frames, 2 per temporal patch
     assert grid[1] * grid[2] * 14 * 14 <= 28 * 28 * 4
     assert pixels.shape == (grid[0] * grid[1] * grid[2], 3 * 2 * 14 * 14)

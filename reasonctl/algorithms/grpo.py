@@ -70,6 +70,7 @@ from reasonctl.algorithms.policy_batch import (
 from reasonctl.algorithms.rollouts import (
     collect_groups,
     completion_metrics,
+    encode_prompts,
     generate_completions,
     has_variance,
     mix_seed,
@@ -306,8 +307,9 @@ class GRPO:
             wanted = per_rank - len(out.kept) if backend.world_size == 1 else per_rank
             samples = self._next_samples(ctx, wanted * backend.world_size, backend)
             generate_started = time.perf_counter()
+            samples, encoded = encode_prompts(ctx, samples, mcq_layout=cfg.mcq_layout)
             encoded, completions = generate_completions(
-                ctx, samples, seed=step_seed(ctx, round_index), mcq_layout=cfg.mcq_layout
+                ctx, samples, seed=step_seed(ctx, round_index), encoded=encoded
             )
             reward_started = time.perf_counter()
             if cfg.dynamic_sampling:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from reasonctl.core.types import Completion, PolicyBatch, RolloutGroup
-from reasonctl.data.collate import collate
+from reasonctl.data.collate import collate_shared_media
 from reasonctl.data.processing import PER_TOKEN_EXTRAS, EncodedSample
 
 if TYPE_CHECKING:
@@ -98,8 +98,12 @@ def policy_rows(
 
 def collate_policy_rows(rows: Sequence[PolicyRow], pad_id: int) -> PolicyBatch:
     """Pad rows into a :class:`PolicyBatch` (``advantages``, ``completion_mask``,
-    ``engine_logprobs``, and ``old_logprobs``/``ref_logprobs`` when every row has them)."""
-    batch: Any = collate([r.encoded for r in rows], pad_id)
+    ``engine_logprobs``, and ``old_logprobs``/``ref_logprobs`` when every row has them).
+
+    Rows of one prompt share its vision inputs: they are in the batch once, and the
+    backend runs the vision tower once per prompt
+    (:func:`~reasonctl.data.collate.collate_shared_media`)."""
+    batch: Any = collate_shared_media([r.encoded for r in rows], pad_id)
     width = batch["input_ids"].shape[1] - 1
     batch["advantages"] = torch.tensor([r.advantage for r in rows], dtype=torch.float32)
     batch["engine_logprobs"] = aligned(

@@ -3,8 +3,10 @@
 A policy-gradient step starts the same way whatever its advantage estimator (GRPO, RLOO,
 REINFORCE++ ...): draw this rank's prompts, encode them with the run's processor (the
 ``[data]`` prompt options are already applied by the runner; multiple-choice options are
-lettered into the prompt), make sure the rollout engine holds the current weights, sample
-``rollout.n`` completions per prompt, and score them with the run's reward set (which
+lettered into the prompt; under ``data.on_bad_row = "skip"`` a prompt whose video cannot
+be read, or that is too long, is recorded and left out: :func:`encode_prompts`), make
+sure the rollout engine holds the current weights, sample ``rollout.n`` completions per
+prompt, and score them with the run's reward set (which
 applies ``rewards.on_error``). :func:`sample_groups` does exactly that and returns
 :class:`~reasonctl.core.types.RolloutGroup` objects carrying the encoded prompt, the
 completions and their rewards. Typical use in an algorithm's ``step``::
@@ -36,16 +38,25 @@ if TYPE_CHECKING:
     import torch
 
     from reasonctl.core.config import RunConfig
-    from reasonctl.core.protocols import Backend, RolloutEngine, RunContext
+    from reasonctl.core.protocols import Backend, Processor, RolloutEngine, RunContext
     from reasonctl.core.reward_set import PendingScores
     from reasonctl.data.processing import EncodedSample
 
 
-def sampling_params(config: RunConfig, *, seed: int | None) -> SamplingParams:
-    """The rollout's :class:`SamplingParams` from ``[rollout]`` (``n`` completions each)."""
+def sampling_params(config: RunConfig, *, seed: int | None,
+                    processor: Processor | None = None) -> SamplingParams:
+    """The rollout's :class:`SamplingParams` from ``[rollout]`` (``n`` completions each).
+
+    With the run's ``processor``, the tokens it reserves and ``rollout.suppress_tokens``
+    are suppressed (never sampled)."""
+    from reasonctl.data.processing import suppressed_token_ids
+
     r = config.rollout
+    suppress = suppressed_token_ids(processor, r.suppress_tokens) if processor is not None \
+        else []
     return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                          max_new_tokens=r.max_new_tokens, stop=list(r.stop), seed=seed)
+                          max_new_tokens=r.max_new_tokens, stop=list(r.stop), seed=seed,
+                          suppress_token_ids=suppress)
 
 
 def step_seed(ctx: RunContext, round_index: int = 0) -> int:
@@ -111,14 +122,45 @@ def sample_groups(
     Uses the run's processor, rollout engine and reward set (the algorithm's ``needs()``
     must ask for ``rollout_engine`` and ``rewards``). The engine is *not* refreshed here:
     call :func:`sync_engine_weights` once per step before the first call. ``params``
-    defaults to :func:`sampling_params` with ``seed``. Each returned group carries the
-    encoded prompt (``group.prompt``), the completions, their weighted ``rewards`` and the
-    per-reward ``reward_components``. It is :func:`generate_completions` followed by
-    :func:`score_groups`.
+    defaults to :func:`sampling_params` with ``seed`` and the run's processor. Each
+    returned group carries the encoded prompt (``group.prompt``), the completions, their
+    weighted ``rewards`` and the per-reward ``reward_components``. It is
+    :func:`generate_completions` followed by :func:`score_groups`.
     """
+    samples, encoded = encode_prompts(ctx, samples, mcq_layout=mcq_layout)
     encoded, completions = generate_completions(ctx, samples, seed=seed, params=params,
-                                                mcq_layout=mcq_layout)
+                                                encoded=encoded)
     return score_groups(ctx, samples, encoded, completions)
+
+
+def encode_prompts(
+    ctx: RunContext, samples: Sequence[Sample], *, mcq_layout: bool = True,
+) -> tuple[list[Sample], list[EncodedSample]]:
+    """The samples whose prompts encode, and their encodings (vision inputs included,
+    each image or video read once).
+
+    A prompt that cannot be encoded (an unreadable image or video, more tokens than
+    ``model.max_length`` around images or videos) raises, unless ``data.on_bad_row =
+    "skip"``: then it is recorded (:meth:`RunContext.record_skipped_row`) and left out.
+    """
+    from reasonctl.core.errors import DataError
+    from reasonctl.data.rows import split_problem
+
+    processor = ctx.processor
+    if processor is None:
+        raise ReasonctlError("encoding prompts needs the run's processor (Needs(processor=True))")
+    kept: list[Sample] = []
+    encoded: list[EncodedSample] = []
+    for sample in samples:
+        try:
+            encoded.append(processor.encode_prompt(sample, mcq_layout=mcq_layout))
+        except DataError as exc:
+            if ctx.config.data.on_bad_row != "skip":
+                raise
+            ctx.record_skipped_row(*split_problem(exc, sample.source))
+            continue
+        kept.append(sample)
+    return kept, encoded
 
 
 def generate_completions(
@@ -128,8 +170,13 @@ def generate_completions(
     seed: int | None,
     params: SamplingParams | None = None,
     mcq_layout: bool = True,
+    encoded: Sequence[EncodedSample] | None = None,
 ) -> tuple[list[EncodedSample], list[list[Completion]]]:
-    """The encoded prompts of ``samples`` and the completions the engine sampled for each."""
+    """The encoded prompts of ``samples`` and the completions the engine sampled for each.
+
+    ``encoded`` gives the prompts already encoded (one per sample, e.g. by
+    :func:`encode_prompts`); otherwise every sample is encoded here and a bad one raises.
+    """
     processor, engine, rewards = ctx.processor, ctx.engine, ctx.rewards
     if processor is None or engine is None or rewards is None:
         missing = [name for name, part in (("processor", processor), ("rollout_engine", engine),
@@ -138,8 +185,15 @@ def generate_completions(
             f"sampling rollouts needs the run's {', '.join(missing)}: return "
             "reasonctl.Needs(rollout_engine=True, rewards=True) from the algorithm's needs()"
         )
-    encoded = [processor.encode_prompt(s, mcq_layout=mcq_layout) for s in samples]
-    params = params or sampling_params(ctx.config, seed=seed)
+    if encoded is None:
+        encoded = [processor.encode_prompt(s, mcq_layout=mcq_layout) for s in samples]
+    elif len(encoded) != len(samples):
+        raise ValueError(f"generate_completions got {len(encoded)} encoded prompts for "
+                         f"{len(samples)} samples")
+    encoded = list(encoded)
+    if not encoded:
+        return [], []
+    params = params or sampling_params(ctx.config, seed=seed, processor=processor)
     return encoded, engine.generate([e.as_prompt() for e in encoded], params)
 
 
@@ -196,6 +250,8 @@ def has_variance(rewards: Sequence[float]) -> bool:
 def reward_metrics(groups: Sequence[RolloutGroup]) -> Metrics:
     """``reward/mean``/``std`` of the totals and of each reward over all completions."""
     totals = [r for g in groups for r in g.rewards]
+    if not totals:
+        return {}
     metrics: Metrics = {
         "reward/mean": statistics.fmean(totals),
         "reward/std": statistics.pstdev(totals),
@@ -213,6 +269,8 @@ def completion_metrics(groups: Sequence[RolloutGroup]) -> Metrics:
     """Lengths, truncation and zero-variance shares of the sampled completions."""
     completions = [c for g in groups for c in g.completions]
     lengths = [len(c.token_ids) for c in completions]
+    if not lengths:
+        return {}
     return {
         "response_length/mean": statistics.fmean(lengths),
         "response_length/max": float(max(lengths)),

@@ -121,7 +121,10 @@ class SFTAlgorithm:
         self.position = prepared.sampler_state
         self.truncated_samples += totals["truncated"]
         self.skipped_samples += totals["skipped"]
-        ctx.skipped_rows += totals["skipped"]
+        for where, reason in prepared.skipped_reports:
+            ctx.record_skipped_row(where, reason)
+        # this rank's rows are recorded (and counted) above; other ranks' are only counted
+        ctx.skipped_rows += totals["skipped"] - len(prepared.skipped_reports)
         metrics: Metrics = {
             "loss": result["loss"],
             "lr": result["lr"],

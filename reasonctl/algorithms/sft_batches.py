@@ -28,6 +28,7 @@ from reasonctl.core.errors import DataError
 from reasonctl.core.protocols import Processor
 from reasonctl.data.collate import collate
 from reasonctl.data.processing import EncodedSample
+from reasonctl.data.rows import split_problem
 
 PREFETCH_STEPS = 2
 """Steps prepared ahead of the one training."""
@@ -49,6 +50,8 @@ class PreparedStep:
     counts: dict[str, float]
     sampler_state: dict[str, Any]
     epoch: float
+    skipped_reports: list[tuple[str, str]] = field(default_factory=list)
+    """``(file:line, reason)`` of this rank's skipped rows, for the run's skipped-row list."""
 
 
 @dataclass
@@ -106,6 +109,7 @@ class StepBatches:
         self._queue: queue.Queue[PreparedStep | _Failure] | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._reports: list[tuple[str, str]] = []
 
     # --- the consumer side ----------------------------------------------------------------
 
@@ -173,6 +177,7 @@ class StepBatches:
         drawn = order.draw(layout.global_batch_size)
         encoded, skipped = self._encode_all(drawn.items)
         skipped += drawn.skipped
+        reports, self._reports = self._reports, []
         micro_batches = [collate(chunk, self.processor.pad_id, pack=self.pack)
                          for chunk in layout.micro_chunks(encoded)]
         if self.pin_memory:
@@ -185,7 +190,7 @@ class StepBatches:
             "truncated": float(sum(e.truncated for e in encoded)),
             "skipped": float(skipped),
         }
-        return PreparedStep(micro_batches, counts, order.state_dict(), order.epoch)
+        return PreparedStep(micro_batches, counts, order.state_dict(), order.epoch, reports)
 
     def _encode_all(self, items: list[Drawn]) -> tuple[list[EncodedSample], int]:
         encoded: list[EncodedSample | None] = []
@@ -195,11 +200,14 @@ class StepBatches:
             if cached is not None:
                 encoded.append(cached)
                 continue
+            sample = None
             try:
-                item = self.encode(drawn.load())
-            except DataError:
+                sample = drawn.load()
+                item = self.encode(sample)
+            except DataError as exc:
                 if not self.skip_bad_rows:
                     raise
+                self._reports.append(split_problem(exc, getattr(sample, "source", "")))
                 skipped += 1
                 encoded.append(None)
                 continue

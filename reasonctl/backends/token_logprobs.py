@@ -25,6 +25,7 @@ from torch import nn
 
 from reasonctl.backends.lm_head import linear_token_logprobs
 from reasonctl.models.packed_positions import is_packed_media_batch, packed_rope_positions
+from reasonctl.models.shared_media import shared_media_inputs, uses_shared_media
 
 if TYPE_CHECKING:
     from reasonctl.backends.context_parallel import ContextParallel
@@ -76,6 +77,10 @@ class TokenLogprobModel(nn.Module):
             inputs["use_cache"] = False
         if is_packed_media_batch(batch):  # per-sample 3D rotary positions
             inputs["position_ids"] = packed_rope_positions(decoder, batch)
+        if uses_shared_media(batch):  # the vision tower runs once per distinct image/video
+            for key in ("pixel_values", "pixel_values_videos"):
+                inputs.pop(key, None)
+            inputs.update(shared_media_inputs(decoder, batch))
         head = self.hf_model.get_output_embeddings()
         parallel = self.context_parallel
         if parallel is None:

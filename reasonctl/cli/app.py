@@ -17,6 +17,7 @@ from rich.markup import escape
 from reasonctl.cli import common
 from reasonctl.cli.common import ConfigOption, SetOption, console, fail, handle_errors
 from reasonctl.cli.config_cmd import config_app
+from reasonctl.cli.data_cmd import data_app
 from reasonctl.cli.eval_cmd import eval_command
 from reasonctl.cli.export_cmd import export_command
 from reasonctl.cli.infer_cmd import infer_command
@@ -79,6 +80,7 @@ def build_app(host: PluginHost) -> typer.Typer:
     app.command("run")(run_command)
     app.command("plugins")(plugins_command)
     app.add_typer(config_app(), name="config", help="Show, validate or describe the config.")
+    app.add_typer(data_app(), name="data", help="Check the configured data set.")
     app.command("env")(env_command)
     app.command("eval")(handle_errors(eval_command))
     app.command("infer")(handle_errors(infer_command))

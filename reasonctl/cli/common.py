@@ -200,7 +200,8 @@ def report_result(result: Any) -> None:
     if result.export_dir:
         lines.append(f"exported model: {result.export_dir}")
     if result.skipped_rows:
-        lines.append(f"skipped {result.skipped_rows} malformed data rows (data.on_bad_row=skip)")
+        lines.append(f"skipped {result.skipped_rows} malformed data rows (data.on_bad_row=skip); "
+                     f"each is listed in {result.output_dir / 'skipped_rows.jsonl'}")
     if result.nonfinite_steps:
         lines.append(f"skipped {result.nonfinite_steps} steps with a non-finite loss or "
                      "gradient norm (train.on_nonfinite=skip)")

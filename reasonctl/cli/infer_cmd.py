@@ -9,12 +9,27 @@ from typing import Annotated, Any
 
 import typer
 
+from reasonctl.cli.common import ConfigOption, SetOption
+
 
 def infer_command(
     model: Annotated[str, typer.Option("--model", help="Model directory or storage URI.")],
     prompt: Annotated[str, typer.Option("--prompt", help="The user message.")],
     image: Annotated[Path | None, typer.Option("--image", help="An image file.")] = None,
     video: Annotated[Path | None, typer.Option("--video", help="A video file.")] = None,
+    system_prompt: Annotated[
+        str | None,
+        typer.Option("--system-prompt", help="System message (default: data.system_prompt)."),
+    ] = None,
+    fps: Annotated[
+        float | None,
+        typer.Option("--fps", min=0.01,
+                     help="Video frames sampled per second (default: the model's)."),
+    ] = None,
+    max_pixels: Annotated[
+        int | None,
+        typer.Option("--max-pixels", min=1, help="Pixels per image or video frame at most."),
+    ] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 256,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
@@ -30,27 +45,41 @@ def infer_command(
     guidance_scale: Annotated[float, typer.Option("--guidance-scale", min=1.0,
                                                   help="Diffusion models: CFG (1 = off).")
                               ] = 1.0,
+    config: ConfigOption = None,
+    set_: SetOption = None,
 ) -> None:
     """Print the model's answer to ``--prompt`` as it is generated (greedy by default).
 
     ``--image`` / ``--video`` put the file before the text in the user message; they need a
-    vision-language model (e.g. Qwen2.5-VL). A diffusers pipeline directory generates an
-    image or a video for ``--prompt`` instead and writes it to ``--output``.
+    vision-language model (e.g. Qwen2.5-VL, Qwen3-VL). ``--config`` reads the run config
+    (the rollout engine's section, data.system_prompt, the data format's fps and
+    max_pixels, rollout.stop and rollout.suppress_tokens); the flags win over it. A
+    diffusers pipeline directory generates an image or a video for ``--prompt`` instead
+    and writes it to ``--output``.
     """
     from reasonctl.cli import common
     from reasonctl.core.errors import DataError
     from reasonctl.core.protocols import StreamsText
     from reasonctl.core.types import ContentPart, Message, Sample, SamplingParams
+    from reasonctl.data.formats.media_options import MediaOptions
+    from reasonctl.data.processing import suppressed_token_ids
     from reasonctl.evaluation.standalone import load_engine
 
+    run_config = common.load(config, set_, values={})
+    media = run_config.component_config("data", run_config.data.format)
+    if isinstance(media, MediaOptions):
+        fps = fps if fps is not None else media.fps
+        max_pixels = max_pixels if max_pixels is not None else media.max_pixels
+    system_prompt = system_prompt if system_prompt is not None else run_config.data.system_prompt
     parts: list[ContentPart] = []
     for kind, path in (("image", image), ("video", video)):
         if path is not None:
             if not path.is_file():
                 raise DataError(f"--{kind} {path}: no such file (cwd: {Path.cwd()})")
-            parts.append(ContentPart(kind, path=str(path)))  # type: ignore[arg-type]
+            parts.append(ContentPart(kind, path=str(path),  # type: ignore[arg-type]
+                                     max_pixels=max_pixels,
+                                     fps=fps if kind == "video" else None))
     parts.append(ContentPart("text", text=prompt))
-    run_config = common.load(None, None, values={})
     diffusion = _diffusion_model_dir(model, run_config)
     if diffusion is not None:
         from reasonctl.diffusion.infer import InferOptions, generate
@@ -60,9 +89,15 @@ def infer_command(
             guidance_scale=guidance_scale, seed=seed, output=output))
         sys.stdout.write(f"{written}\n")
         return
+    messages = [Message("user", parts)]
+    if system_prompt:
+        messages.insert(0, Message("system", [ContentPart("text", text=system_prompt)]))
     engine, processor = load_engine(model, run_config, common.host().registry)
-    encoded = processor.encode_prompt(Sample([Message("user", parts)], source="--prompt"))
-    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+    encoded = processor.encode_prompt(Sample(messages, source="--prompt"))
+    params = SamplingParams(
+        temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+        stop=list(run_config.rollout.stop),
+        suppress_token_ids=suppressed_token_ids(processor, run_config.rollout.suppress_tokens))
     if isinstance(engine, StreamsText):
         pieces: Any = engine.stream(encoded.as_prompt(), params)
     else:

@@ -22,6 +22,7 @@ from reasonctl.core.protocols import (
     RunContext,
     SupportsReferenceModel,
     ValidatesRunConfig,
+    skipped_row_reports,
     skipped_rows,
     streams_samples,
 )
@@ -96,7 +97,10 @@ def compose(ctx: RunContext, needs: Needs) -> None:
         ctx.processor = build_processor(ctx)
     if needs.dataset:
         ctx.dataset = build_dataset(ctx)
-        ctx.skipped_rows += skipped_rows(ctx.dataset)
+        reports = skipped_row_reports(ctx.dataset)
+        for where, reason in reports:
+            ctx.record_skipped_row(where, reason)
+        ctx.skipped_rows += max(0, skipped_rows(ctx.dataset) - len(reports))
         if ctx.skipped_rows:
             ctx.info(f"skipped {ctx.skipped_rows} malformed data row(s) "
                      "(data.on_bad_row = 'skip')")

@@ -27,7 +27,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal, Protocol, runtime_checkable
 
@@ -53,6 +53,9 @@ if TYPE_CHECKING:
 
 # --- the run context ---------------------------------------------------------------------------
 
+SHOWN_SKIPPED_ROWS = 20
+"""Skipped rows printed one by one; the rest are only listed in ``skipped_rows.jsonl``."""
+
 
 @dataclass
 class RunContext:
@@ -68,7 +71,9 @@ class RunContext:
 
     ``skipped_rows`` counts malformed data rows skipped under ``data.on_bad_row = "skip"``
     (the dataset's own count is added by the runner; algorithms add rows they skip while
-    encoding); the run reports it at the end.
+    encoding, with :meth:`record_skipped_row`); the run reports it at the end, and every
+    recorded row is printed and appended to ``skipped_rows.jsonl`` in the output directory
+    (``skipped_rows.rank<N>.jsonl`` on other ranks) as it is skipped.
     """
 
     config: RunConfig
@@ -90,6 +95,32 @@ class RunContext:
     step: int = 0
     skipped_rows: int = 0
     stop_signal: str | None = None
+    skipped_row_reports: list[tuple[str, str]] = field(default_factory=list)
+    """``(file:line, reason)`` of the rows recorded by :meth:`record_skipped_row`."""
+
+    def record_skipped_row(self, where: str, reason: str) -> None:
+        """Count a malformed row skipped under ``data.on_bad_row = "skip"``, print it (the
+        first :data:`SHOWN_SKIPPED_ROWS`) and append it to this rank's
+        ``skipped_rows.jsonl``."""
+        import json
+
+        self.skipped_rows += 1
+        self.skipped_row_reports.append((where, reason))
+        if len(self.skipped_row_reports) <= SHOWN_SKIPPED_ROWS:
+            self.info(f"skipped {where}: {reason}")
+        elif len(self.skipped_row_reports) == SHOWN_SKIPPED_ROWS + 1:
+            self.info(f"skipping more rows; every one is listed in {self.skipped_rows_file}")
+        self.skipped_rows_file.parent.mkdir(parents=True, exist_ok=True)
+        with self.skipped_rows_file.open("a", encoding="utf-8") as file:
+            file.write(json.dumps({"row": where, "reason": reason, "step": self.step},
+                                  ensure_ascii=False) + "\n")
+
+    @property
+    def skipped_rows_file(self) -> Path:
+        """Where this rank lists the rows it skipped."""
+        rank = int(os.environ.get("RANK", "0"))
+        name = "skipped_rows.jsonl" if rank == 0 else f"skipped_rows.rank{rank}.jsonl"
+        return self.output_dir / name
 
     @property
     def is_main(self) -> bool:
@@ -228,6 +259,15 @@ class CountsSkippedRows(Protocol):
 
 
 @runtime_checkable
+class ReportsSkippedRows(Protocol):
+    """Optional for datasets: which malformed rows were skipped and why (default: none
+    named), as ``(file:line, reason)`` pairs; the run prints them and writes them to
+    ``skipped_rows.jsonl``."""
+
+    skipped: list[tuple[str, str]]
+
+
+@runtime_checkable
 class Reward(Protocol):
     """A batched reward function.
 
@@ -325,6 +365,15 @@ class Processor(Protocol):
     @property
     def pad_id(self) -> int:
         """The token id used for padding."""
+        ...
+
+    @property
+    def reserved_token_ids(self) -> list[int]:
+        """Token ids a sampled completion must never contain (vision placeholders ...)."""
+        ...
+
+    def token_ids(self, tokens: Sequence[str | int]) -> list[int]:
+        """Ids of token strings (ids pass through); ``ValueError`` for an unknown one."""
         ...
 
     def encode_sft(self, sample: Sample) -> EncodedSample:
@@ -755,6 +804,11 @@ def skipped_rows(dataset: Dataset | StreamsSamples) -> int:
     return int(dataset.skipped_rows) if isinstance(dataset, CountsSkippedRows) else 0
 
 
+def skipped_row_reports(dataset: Dataset) -> list[tuple[str, str]]:
+    """The ``(file:line, reason)`` of the rows ``dataset`` skipped (empty by default)."""
+    return list(dataset.skipped) if isinstance(dataset, ReportsSkippedRows) else []
+
+
 def check_storage_access(storage: Storage, uri: str) -> None:
     """Run the storage's start-of-run check of ``uri`` (nothing by default)."""
     if isinstance(storage, ChecksAccess):
@@ -792,6 +846,7 @@ __all__ = [
     "ReadsStreams",
     "ReportsEfficiency",
     "ReportsMemory",
+    "ReportsSkippedRows",
     "Reward",
     "RewardScorer",
     "RolloutEngine",
@@ -813,6 +868,7 @@ __all__ = [
     "generation_model",
     "reward_media_type",
     "shares_policy_weights",
+    "skipped_row_reports",
     "skipped_rows",
     "streams_samples",
 ]

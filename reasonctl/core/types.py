@@ -112,7 +112,12 @@ class Completion:
 
 @dataclass
 class SamplingParams:
-    """How a rollout engine samples completions."""
+    """How a rollout engine samples completions.
+
+    ``suppress_token_ids`` are never sampled (vision placeholders and other tokens the
+    processor reserves, plus ``rollout.suppress_tokens``); they only steer the draw: the
+    recorded log-probs are those of the full distribution, as a trainer recomputes them.
+    """
 
     n: int = 1
     temperature: float = 1.0
@@ -121,6 +126,7 @@ class SamplingParams:
     max_new_tokens: int = 128
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    suppress_token_ids: list[int] = field(default_factory=list)
     repetition_penalty: float = 1.0
     """Above 1, tokens already in the prompt or the completion are made less likely (as
     ``transformers``' ``repetition_penalty``: positive logits divided, negative ones
@@ -171,7 +177,10 @@ class TrainBatch(TypedDict, total=False):
     Vision-language batches add the processor's tensors, whose first dimension concatenates over
     the batch's images/videos: ``pixel_values``, ``image_grid_thw``, ``pixel_values_videos``,
     ``video_grid_thw``, ``second_per_grid_ts``, and the per-token ``mm_token_type_ids``
-    (0 text, 1 image, 2 video).
+    (0 text, 1 image, 2 video). Rows that share their vision inputs (the completions of one
+    prompt) may carry them once per distinct set, with ``media_source_rows`` (``[B]``: the
+    set each row uses, -1 for none) and ``media_items`` (``[sets, 2]``: images and videos per
+    set); see :func:`reasonctl.data.collate.collate_shared_media`.
     """
 
     input_ids: torch.Tensor
@@ -184,6 +193,8 @@ class TrainBatch(TypedDict, total=False):
     video_grid_thw: torch.Tensor
     second_per_grid_ts: torch.Tensor
     mm_token_type_ids: torch.Tensor
+    media_source_rows: torch.Tensor
+    media_items: torch.Tensor
 
 
 class PolicyBatch(TrainBatch, total=False):

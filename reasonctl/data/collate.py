@@ -73,6 +73,57 @@ def collate(
     return {**batch, **_stacked_extras(samples)}
 
 
+MEDIA_KEYS = {"image": ("pixel_values", "image_grid_thw"),
+              "video": ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")}
+SHARED_MEDIA_ROWS = "media_source_rows"
+SHARED_MEDIA_ITEMS = "media_items"
+
+
+def collate_shared_media(samples: Sequence[EncodedSample], pad_id: int
+                         ) -> dict[str, torch.Tensor]:
+    """:func:`collate` (unpacked) for rows that share vision inputs, e.g. the completions of
+    one prompt: each distinct set of vision tensors (the same tensor objects) is put in the
+    batch once.
+
+    The vision keys then hold the distinct sets in order of first use, and two more keys
+    say how they map to rows: ``media_source_rows`` (``[B]``, the set row ``b`` uses, -1
+    for none) and ``media_items`` (``[sets, 2]``, how many images and videos each set
+    holds). :func:`reasonctl.models.shared_media.shared_media_inputs` runs the vision tower
+    once per set and hands every row its features. Without vision inputs this is
+    :func:`collate`.
+    """
+    keys = [k for kind in MEDIA_KEYS.values() for k in kind]
+    owners: dict[tuple[int, ...], int] = {}
+    distinct: list[EncodedSample] = []
+    source_rows: list[int] = []
+    for sample in samples:
+        present = tuple(id(sample.extras[k]) for k in keys if k in sample.extras)
+        if not present:
+            source_rows.append(-1)
+            continue
+        if present not in owners:
+            owners[present] = len(distinct)
+            distinct.append(sample)
+        source_rows.append(owners[present])
+    if not distinct:
+        return collate(samples, pad_id)
+    stripped = [EncodedSample(s.input_ids, s.loss_mask,
+                              {k: v for k, v in s.extras.items() if k in PER_TOKEN_EXTRAS})
+                for s in samples]
+    batch = collate(stripped, pad_id)
+    batch.update(_stacked_extras(distinct))
+    batch[SHARED_MEDIA_ROWS] = torch.tensor(source_rows, dtype=torch.long)
+    batch[SHARED_MEDIA_ITEMS] = torch.tensor(
+        [[_items(s, "image_grid_thw"), _items(s, "video_grid_thw")] for s in distinct],
+        dtype=torch.long)
+    return batch
+
+
+def _items(sample: EncodedSample, grid_key: str) -> int:
+    grid = sample.extras.get(grid_key)
+    return 0 if grid is None else int(grid.shape[0])
+
+
 def _stacked_extras(samples: Sequence[EncodedSample]) -> dict[str, torch.Tensor]:
     """Vision extras of every sample concatenated along dimension 0, in sample order."""
     keys = sorted({k for s in samples for k in s.extras if k not in PER_TOKEN_EXTRAS})

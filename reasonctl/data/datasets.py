@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from reasonctl.core.protocols import Dataset, skipped_rows
+from reasonctl.core.protocols import Dataset, skipped_row_reports, skipped_rows
 from reasonctl.core.types import Sample
 from reasonctl.data.messages import apply_prompt_options
 
@@ -22,11 +22,17 @@ T = TypeVar("T")
 
 
 class ListDataset:
-    """A dataset over an in-memory list of samples."""
+    """A dataset over an in-memory list of samples.
 
-    def __init__(self, samples: Sequence[Sample], skipped_rows: int = 0) -> None:
+    ``skipped`` holds the ``(file:line, reason)`` of each malformed row left out under
+    ``data.on_bad_row = "skip"``; ``skipped_rows`` counts them (or is given alone).
+    """
+
+    def __init__(self, samples: Sequence[Sample], skipped_rows: int = 0, *,
+                 skipped: Sequence[tuple[str, str]] = ()) -> None:
         self.samples = list(samples)
-        self.skipped_rows = skipped_rows
+        self.skipped = list(skipped)
+        self.skipped_rows = max(skipped_rows, len(self.skipped))
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -41,7 +47,7 @@ class DatasetView:
     ``system_prompt`` becomes the first message of samples without a system message;
     ``prompt_template`` rewrites the last user message of the prompt (``{prompt}`` is the
     original text; a template without it is appended on a new line). The wrapped dataset is
-    read lazily, one sample per index; ``skipped_rows`` passes through.
+    read lazily, one sample per index; ``skipped_rows`` and ``skipped`` pass through.
     """
 
     def __init__(self, dataset: Dataset, *, max_samples: int | None = None,
@@ -51,6 +57,7 @@ class DatasetView:
         self.system_prompt = system_prompt
         self.prompt_template = prompt_template
         self.skipped_rows = skipped_rows(dataset)
+        self.skipped = skipped_row_reports(dataset)
 
     @classmethod
     def for_run(cls, dataset: Dataset, data: DataSection) -> DatasetView:

@@ -11,20 +11,31 @@ Accepted record layouts (see :func:`sample_from_record`):
   ``{"from": "human"|"gpt"|"system", "value": ...}`` turns is accepted too;
 - prompt/answer: ``{"prompt": ..., "response"|"answer"|"completion": ...}``, where the
   answer is optional (RL and evaluation rows: ``{"prompt": ..., "reference": ...}``) and an
-  optional ``system`` string becomes the system message.
+  optional ``system`` string becomes the system message; a number or boolean answer is
+  written as text (the reference keeps the value);
+- multiple choice as in Cosmos-Reason RL data: ``{"qa_pairs": {"question": ...,
+  "index2ans": {"A": ...}, "answer": "A"}, "video": ...}`` (no prompt: the question is the
+  user's text; the options are lettered in when the prompt is encoded, see
+  :mod:`reasonctl.data.prompting`).
+
+``messages``, ``conversations`` and ``qa_pairs`` may also be JSON text (as some Hugging
+Face datasets store them).
 
 Content is a string or a list of parts: ``{"type": "text", "text": ...}``,
 ``{"type": "image", "image"|"path": ...}``, ``{"type": "video", "video"|"path": ...,
 "fps"?: ..., "max_pixels"?: ...}`` (plain strings in the list are text). Top-level
 ``image``/``images``/``video``/``videos`` fields (a path or a list of paths) fill
 ``<image>``/``<video>`` tags in the text in order, or, when the text has no tags, go before
-the text of the first user message. ``reference`` and ``meta`` are kept; any other
-top-level key is added to ``meta`` (e.g. ``choices`` or ``id``).
+the text of the first user message; a top-level file that the conversation already holds
+is used once, with a :class:`DuplicateMediaWarning`. ``reference`` and ``meta`` are kept;
+any other top-level key is added to ``meta`` (e.g. ``choices``, ``qa_pairs`` or ``id``).
 """
 
 from __future__ import annotations
 
+import json
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +59,13 @@ KNOWN_KEYS = {
     "messages", "conversations", "prompt", "system", "reference", "meta",
     *ANSWER_KEYS, "image", "images", "video", "videos",
 }
+"""Row keys with a meaning of their own; other keys (``qa_pairs``, ``id`` ...) go to meta."""
 _TAG_PATTERN = re.compile("(" + "|".join(re.escape(t) for t in MEDIA_TAGS) + ")")
+
+
+class DuplicateMediaWarning(UserWarning):
+    """A row gives the same image or video twice (a top-level field and a conversation
+    part); it is used once. Dataset readers count these and report them."""
 
 
 class RowProblem(ValueError):
@@ -208,6 +225,7 @@ def place_media(
     before the content of the first user message. A count mismatch is a
     :class:`RowProblem`.
     """
+    images, videos = _without_repeats(messages, images, videos, media)
     pending = {"image": list(images), "video": list(videos)}
     tag_counts = {
         kind: sum(
@@ -252,20 +270,46 @@ def place_media(
     return out
 
 
+def _without_repeats(messages: list[Message], images: Sequence[Any], videos: Sequence[Any],
+                     media: MediaResolver) -> tuple[list[Any], list[Any]]:
+    """Top-level media minus files the conversation already holds (each one warned about)."""
+    held = {p.path for m in messages for p in m.content if p.type != "text" and p.path}
+    if not held:
+        return list(images), list(videos)
+    kept: dict[str, list[Any]] = {"image": [], "video": []}
+    for kind, values in (("image", images), ("video", videos)):
+        for value in values:
+            try:
+                path = media.resolve(value, kind)
+            except RowProblem:
+                kept[kind].append(value)  # reported when it is placed
+                continue
+            if path in held:
+                warnings.warn(DuplicateMediaWarning(
+                    f"the {kind} {path} is given both as a top-level field and inside the "
+                    "conversation; it is used once"), stacklevel=2)
+            else:
+                kept[kind].append(value)
+    return kept["image"], kept["video"]
+
+
 def sample_from_record(record: Any, media: MediaResolver) -> Sample:
     """A sample from one record in any layout described in this module's docstring."""
     if not isinstance(record, Mapping):
         raise RowProblem(f"a row must be a JSON object (got {type(record).__name__})")
+    record = {k: _from_json_text(k, v) if k in JSON_TEXT_KEYS else v for k, v in record.items()}
     if record.get("messages") is not None or record.get("conversations") is not None:
         key = "messages" if record.get("messages") is not None else "conversations"
         messages = parse_messages(record[key], media, key)
         reference = record.get("reference")
     elif record.get("prompt") is not None:
         messages, reference = _prompt_answer_messages(record, media)
+    elif record.get("qa_pairs") is not None:
+        messages, reference = _qa_pairs_messages(record["qa_pairs"]), record.get("reference")
     else:
         raise RowProblem(
-            "row has neither 'messages' (or 'conversations') nor 'prompt'; keys found: "
-            f"{', '.join(sorted(record)) or 'none'}"
+            "row has neither 'messages' (or 'conversations'), 'prompt' nor 'qa_pairs'; keys "
+            f"found: {', '.join(sorted(record)) or 'none'}"
         )
     messages = place_media(
         messages, media_list(record, "image"), media_list(record, "video"), media
@@ -275,6 +319,43 @@ def sample_from_record(record: Any, media: MediaResolver) -> Sample:
         raise RowProblem(f"'meta' must be an object (got {meta!r})")
     extra = {k: v for k, v in record.items() if k not in KNOWN_KEYS}
     return Sample(messages, reference=reference, meta={**extra, **meta})
+
+
+JSON_TEXT_KEYS = ("messages", "conversations", "qa_pairs")
+"""Keys whose value may be JSON text that holds the list or object."""
+
+
+def _from_json_text(key: str, value: Any) -> Any:
+    if not isinstance(value, str) or not value.lstrip().startswith(("[", "{")):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise RowProblem(f"{key!r} is text that is not valid JSON: {exc.msg} at column "
+                         f"{exc.colno}") from None
+
+
+def _qa_pairs_messages(raw: Any) -> list[Message]:
+    """The user turn of a ``qa_pairs`` row: its question (options come at encoding)."""
+    layout = raw[0] if isinstance(raw, list) and raw else raw
+    if not isinstance(layout, Mapping):
+        raise RowProblem(f"'qa_pairs' must be an object {{question, index2ans, answer}} or a "
+                         f"list of them (got {raw!r})")
+    question = layout.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise RowProblem(f"'qa_pairs' has no question text (keys: {', '.join(layout)})")
+    if layout.get("answer") is None:
+        raise RowProblem("'qa_pairs' has no 'answer' (the correct option's letter or text)")
+    return [Message("user", [ContentPart("text", text=question.strip())])]
+
+
+def _answer_content(value: Any, media: MediaResolver) -> list[ContentPart]:
+    """An answer's content: numbers and booleans are written as text."""
+    if isinstance(value, bool):
+        return [ContentPart("text", text="yes" if value else "no")]
+    if isinstance(value, (int, float)):
+        return [ContentPart("text", text=str(value))]
+    return parse_content(value, media)
 
 
 def _prompt_answer_messages(
@@ -298,7 +379,7 @@ def _prompt_answer_messages(
     answer_key = next((k for k in ANSWER_KEYS if record.get(k) is not None), None)
     if answer_key is not None:
         try:
-            messages.append(Message("assistant", parse_content(record[answer_key], media)))
+            messages.append(Message("assistant", _answer_content(record[answer_key], media)))
         except RowProblem as exc:
             raise RowProblem(f"{answer_key}: {exc}") from None
     reference = record.get("reference")

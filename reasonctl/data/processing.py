@@ -30,6 +30,12 @@ if TYPE_CHECKING:
 
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+RESERVED_TOKENS = (IMAGE_PAD, VIDEO_PAD, VISION_START, VISION_END, "<|vision_pad|>",
+                   "<|im_start|>")
+"""Tokens the chat template and the vision layout place: a completion never contains them
+(see :attr:`ChatProcessor.reserved_token_ids`)."""
 TOKEN_TYPES_KEY = "mm_token_type_ids"
 """Per-token extra: 0 for text, 1 for image and 2 for video placeholder tokens.
 
@@ -146,6 +152,39 @@ class ChatProcessor:
         return cls(tokenizer, max_length=max_length, system_prompt=system_prompt, vision=vision)
 
     @property
+    def reserved_token_ids(self) -> list[int]:
+        """Ids a sampled completion must never contain: the vision placeholders and markers,
+        the turn-start marker and the padding token (unless it also ends a sequence).
+        Rollouts suppress them (plus ``rollout.suppress_tokens``): a placeholder in a
+        completion would ask the model for vision features that do not exist."""
+        tokenizer = self.tokenizer
+        ends = {tokenizer.eos_token_id}
+        ids = {tokenizer.convert_tokens_to_ids(t) for t in RESERVED_TOKENS}
+        ids.add(tokenizer.pad_token_id)
+        unknown = tokenizer.unk_token_id
+        return sorted(i for i in ids if isinstance(i, int) and i not in ends and i != unknown)
+
+    def token_ids(self, tokens: Sequence[str | int]) -> list[int]:
+        """Ids of ``tokens`` (token strings or ids); an unknown token raises ``ValueError``
+        naming it."""
+        out = []
+        vocab = len(self.tokenizer)
+        for token in tokens:
+            if isinstance(token, int):
+                if not 0 <= token < vocab:
+                    raise ValueError(f"token id {token} is outside the vocabulary (0..{vocab - 1})")
+                out.append(token)
+                continue
+            found = self.tokenizer.convert_tokens_to_ids(token)
+            if not isinstance(found, int) or found == self.tokenizer.unk_token_id:
+                pieces = self.tokenizer.encode(token, add_special_tokens=False)
+                if len(pieces) != 1:
+                    raise ValueError(f"{token!r} is not one token of this tokenizer")
+                found = pieces[0]
+            out.append(int(found))
+        return out
+
+    @property
     def pad_id(self) -> int:
         """The padding token id (falls back to the end-of-sequence token)."""
         pad = self.tokenizer.pad_token_id
@@ -177,7 +216,15 @@ class ChatProcessor:
         truncated = len(ids) > self.max_length
         if truncated:
             self._check_media_survives(ids, self.max_length, sample, len(ids))
+            total = len(ids)
             ids, mask = ids[: self.max_length], mask[: self.max_length]
+            if not any(mask):
+                raise DataError(
+                    f"{_where(sample)}: the answer is cut off: the sample has {total} tokens "
+                    f"and the first answer token comes after max_length={self.max_length}, "
+                    "so nothing is left to train on; raise model.max_length or shorten the "
+                    "prompt (for videos: lower fps or max_pixels)"
+                )
         return EncodedSample(ids, mask, self._with_token_types(ids, extras), truncated, 0)
 
     def encode_prompt(self, sample: Sample, *, mcq_layout: bool = True) -> EncodedSample:
@@ -363,13 +410,30 @@ class ChatProcessor:
         new_ids: list[int] = []
         new_mask: list[int] = []
         previous = 0
-        for position, count in zip(placeholders, media.token_counts, strict=True):
-            new_ids += ids[previous:position] + [ids[position]] * count
-            new_mask += mask[previous:position] + [0] * count
+        for position, count, stamps in zip(placeholders, media.token_counts, media.timestamps,
+                                           strict=True):
+            expansion = (self._timestamped(ids[position], count, stamps) if stamps is not None
+                         else [ids[position]] * count)
+            new_ids += ids[previous:position] + expansion
+            new_mask += mask[previous:position] + [0] * len(expansion)
             previous = position + 1
         new_ids += ids[previous:]
         new_mask += mask[previous:]
         return new_ids, new_mask, media.tensors
+
+    def _timestamped(self, placeholder: int, count: int, stamps: list[float]) -> list[int]:
+        """A video placeholder in the Qwen3-VL layout: per temporal patch its timestamp
+        text, then ``<|vision_start|>``, the patch's placeholder tokens, ``<|vision_end|>``
+        (:mod:`reasonctl.data.video_layout`)."""
+        from reasonctl.data.video_layout import timestamp_text
+
+        start, end = (self.tokenizer.convert_tokens_to_ids(t) for t in (VISION_START, VISION_END))
+        per_patch = count // len(stamps)
+        out: list[int] = []
+        for seconds in stamps:
+            out += self.tokenizer.encode(timestamp_text(seconds), add_special_tokens=False)
+            out += [start, *([placeholder] * per_patch), end]
+        return out
 
     def _with_token_types(
         self, ids: list[int], extras: dict[str, torch.Tensor]
@@ -390,6 +454,19 @@ class ChatProcessor:
                 "and the cut would split image/video tokens; raise model.max_length or lower "
                 "the media's max_pixels/fps"
             )
+
+
+def suppressed_token_ids(processor: Any, extra: Sequence[str | int] = ()) -> list[int]:
+    """What a rollout must never sample: ``processor.reserved_token_ids`` plus ``extra``
+    (``rollout.suppress_tokens``: token strings or ids)."""
+    from reasonctl.core.errors import ConfigError
+
+    ids = set(getattr(processor, "reserved_token_ids", ()))
+    try:
+        ids.update(processor.token_ids(list(extra)))
+    except ValueError as exc:
+        raise ConfigError([f"rollout.suppress_tokens: {exc}"]) from None
+    return sorted(ids)
 
 
 def _where(sample: Sample) -> str:

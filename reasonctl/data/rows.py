@@ -3,13 +3,15 @@
 Every format reports a malformed row as ``file:line: reason``. :func:`read_json_rows`
 yields ``(line, row)`` pairs from JSON Lines files and from JSON arrays (the line where
 each element starts), and :func:`build_samples` applies the ``[data]`` options a format
-applies while reading: ``on_bad_row`` (stop at the first bad row, or skip and count) and
-``max_samples``.
+applies while reading: ``on_bad_row`` (stop at the first bad row, or skip it and keep its
+``file:line: reason``) and ``max_samples``. Rows that give a file twice
+(:class:`~reasonctl.data.messages.DuplicateMediaWarning`) are counted and reported once.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from reasonctl.core.errors import DataError
 from reasonctl.core.types import Sample
 from reasonctl.data.datasets import ListDataset
-from reasonctl.data.messages import RowProblem
+from reasonctl.data.messages import DuplicateMediaWarning, RowProblem
 
 if TYPE_CHECKING:
     from reasonctl.core.protocols import RunContext
@@ -35,6 +37,8 @@ class RowOptions:
 
     on_bad_row: Literal["error", "skip"] = "error"
     max_samples: int | None = None
+    warn: Callable[[str], None] | None = None
+    """Where notes about the data go (the run's console); None: Python warnings."""
 
     @classmethod
     def from_context(cls, ctx: RunContext | None) -> RowOptions:
@@ -42,7 +46,8 @@ class RowOptions:
         if ctx is None:
             return cls()
         data = ctx.config.data
-        return cls(on_bad_row=data.on_bad_row, max_samples=data.max_samples)
+        return cls(on_bad_row=data.on_bad_row, max_samples=data.max_samples,
+                   warn=lambda message: ctx.info(f"warning: {message}"))
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,15 @@ class Row:
     source: str
     value: Any
     file: Path | None = None
+
+
+def split_problem(error: Exception, source: str) -> tuple[str, str]:
+    """``(where, reason)`` of a data error whose message starts ``where: `` (``source``,
+    the sample's ``file:line``, when it does not)."""
+    message = str(error)
+    if source and message.startswith(f"{source}: "):
+        return source, message[len(source) + 2:]
+    return source or "<sample>", message
 
 
 def as_path_list(value: str | Path | Iterable[str | Path], key: str) -> list[Path]:
@@ -76,14 +90,19 @@ def read_json_rows(path: Path) -> Iterator[Row]:
 
     A file whose first non-blank character is ``[`` is read as one JSON array; each element
     is reported at the line where it starts. Otherwise every non-blank line is one JSON
-    value. Undecodable lines are yielded as :class:`RowProblem` values so the caller can
-    skip them or stop.
+    value. Undecodable lines (bad JSON, or bytes that are not UTF-8) are yielded as
+    :class:`RowProblem` values so the caller can skip them or stop.
     """
-    text = path.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
-        yield from _json_array_rows(path, text)
+    data = path.read_bytes()
+    if data.lstrip().startswith((b"[", b"\xef\xbb\xbf[")):
+        yield from _json_array_rows(path, read_text(path, data))
         return
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(data.splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as exc:
+            yield Row(f"{path}:{number}", RowProblem(_not_utf8(raw, exc.start)), path)
+            continue
         if not line.strip():
             continue
         try:
@@ -91,6 +110,23 @@ def read_json_rows(path: Path) -> Iterator[Row]:
         except json.JSONDecodeError as exc:
             value = RowProblem(f"invalid JSON: {exc.msg} at column {exc.colno}")
         yield Row(f"{path}:{number}", value, path)
+
+
+def read_text(path: Path, data: bytes | None = None) -> str:
+    """A data file's text; a file that is not UTF-8 is a :class:`DataError` naming where."""
+    data = path.read_bytes() if data is None else data
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        start = data.rfind(b"\n", 0, exc.start) + 1
+        raise DataError(f"{path}:{line}: {_not_utf8(data[start:], exc.start - start)}"
+                        ) from None
+
+
+def _not_utf8(line: bytes, offset: int) -> str:
+    return (f"not UTF-8 text (byte 0x{line[offset]:02x} at column {offset + 1}); save the "
+            "file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
 
 
 def _json_array_rows(path: Path, text: str) -> Iterator[Row]:
@@ -131,18 +167,27 @@ def build_samples(
     """Parse rows into a dataset, applying ``on_bad_row`` and ``max_samples``.
 
     ``parse`` turns one :class:`Row` into a :class:`Sample` or raises
-    :class:`RowProblem`. The sample's ``source`` is set to the
-    row's ``file:line``.
+    :class:`RowProblem`. The sample's ``source`` is set to the row's ``file:line``; a
+    skipped row's ``(file:line, reason)`` is kept in the dataset's ``skipped``.
     """
     samples: list[Sample] = []
-    skipped = 0
+    skipped: list[tuple[str, str]] = []
+    repeated: list[str] = []
     for row in rows:
         if options.max_samples is not None and len(samples) >= options.max_samples:
             break
         try:
             if isinstance(row.value, RowProblem):
                 raise row.value
-            sample = parse(row)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", DuplicateMediaWarning)
+                sample = parse(row)
+            for warning in caught:
+                if issubclass(warning.category, DuplicateMediaWarning):
+                    repeated.append(f"{row.source}: {warning.message}")
+                else:
+                    warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                           warning.lineno)
             sample.source = row.source
         except RowProblem as exc:
             if options.on_bad_row == "error":
@@ -150,7 +195,14 @@ def build_samples(
                     f"{exc.source or row.source}: {exc} (set data.on_bad_row = \"skip\" to "
                     "skip bad rows)"
                 ) from None
-            skipped += 1
+            skipped.append((exc.source or row.source, str(exc)))
             continue
         samples.append(sample)
-    return ListDataset(samples, skipped_rows=skipped)
+    if repeated:
+        note = (f"{len(repeated)} row(s) give the same file twice; each file is used once "
+                f"(first: {repeated[0]})")
+        if options.warn is not None:
+            options.warn(note)
+        else:
+            warnings.warn(note, DuplicateMediaWarning, stacklevel=2)
+    return ListDataset(samples, skipped=skipped)

@@ -10,14 +10,17 @@ placeholder tokens in the text.
 
 Videos are sampled at the part's ``fps`` (frames spread evenly over the clip, as Qwen's
 reference preprocessing does), with an even frame count so frames pair up into temporal
-patches, capped at ``max_frames``.
+patches, capped at ``max_frames``. Qwen3-VL lays videos out differently
+(:mod:`reasonctl.data.video_layout`): frames are picked as its video processor picks them,
+the pixel budget covers the whole clip, and each temporal patch is introduced by its
+timestamp in the text; :class:`VisionProcessor` with ``timestamps`` does that.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,16 +89,22 @@ def load_image(path: str | Path) -> np.ndarray:
 
 @dataclass
 class DecodedVideo:
-    """Frames picked from a video and the rate they represent."""
+    """Frames picked from a video, the rate they represent and the clip's own rate."""
 
     frames: np.ndarray  # [T, H, W, 3] uint8
     sample_fps: float
     indices: list[int]
+    video_fps: float = 0.0
 
 
-def read_video(path: str | Path, fps: float, *, max_frames: int, multiple: int = 2) -> DecodedVideo:
+FramePicker = Callable[[int, float], list[int]]
+"""``(total_frames, video_fps) -> indices`` of the frames to decode."""
+
+
+def read_video(path: str | Path, fps: float, *, max_frames: int, multiple: int = 2,
+               pick: FramePicker | None = None) -> DecodedVideo:
     """Decode the frames of ``path`` sampled at ``fps`` with PyAV (see
-    :func:`sample_frame_indices`)."""
+    :func:`sample_frame_indices`; ``pick`` replaces that choice)."""
     av = require("av", extra="video", what="video decoding")
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
@@ -104,8 +113,10 @@ def read_video(path: str | Path, fps: float, *, max_frames: int, multiple: int =
         if video_fps is None:
             seconds = float(stream.duration * stream.time_base) if stream.duration else 0.0
             video_fps = total / seconds if seconds > 0 else fps
-        indices = sample_frame_indices(total, video_fps, fps, max_frames=max_frames,
-                                       multiple=multiple)
+        if total <= 0:
+            raise ValueError("the video has no frames")
+        indices = pick(total, video_fps) if pick is not None else sample_frame_indices(
+            total, video_fps, fps, max_frames=max_frames, multiple=multiple)
         container.seek(0)
         wanted = set(indices)
         picked: dict[int, np.ndarray] = {}
@@ -120,7 +131,8 @@ def read_video(path: str | Path, fps: float, *, max_frames: int, multiple: int =
     for index in indices:  # containers may hold fewer frames than their header says
         last = picked.get(index, last)
         frames.append(last)
-    return DecodedVideo(np.stack(frames), len(indices) / (total / video_fps), indices)
+    return DecodedVideo(np.stack(frames), len(indices) / (total / video_fps), indices,
+                        video_fps)
 
 
 def _count_frames(container: Any, stream: Any) -> int:
@@ -134,20 +146,28 @@ class MediaInputs:
     """Model inputs for the media parts of one sample, in order.
 
     ``tensors`` holds ``pixel_values``/``image_grid_thw`` for images and
-    ``pixel_values_videos``/``video_grid_thw``/``second_per_grid_ts`` for videos;
-    ``token_counts[i]`` is how many placeholder tokens part ``i`` takes.
+    ``pixel_values_videos``/``video_grid_thw`` (and, for Qwen2-VL style models,
+    ``second_per_grid_ts``) for videos; ``token_counts[i]`` is how many placeholder tokens
+    part ``i`` takes; ``timestamps[i]`` holds the seconds of each temporal patch of a video
+    part in the Qwen3-VL layout (``None`` otherwise).
     """
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     token_counts: list[int] = field(default_factory=list)
+    timestamps: list[list[float] | None] = field(default_factory=list)
 
 
 @dataclass
 class VisionProcessor:
-    """Qwen2-VL style image/video preprocessing.
+    """Qwen-VL style image/video preprocessing.
 
     ``max_pixels`` bounds images and ``video_max_pixels`` each video frame, unless the
-    content part sets ``max_pixels``; ``fps`` is the default video sampling rate.
+    content part sets ``max_pixels``; ``fps`` is the default video sampling rate. With
+    ``timestamps`` (Qwen3-VL, :mod:`reasonctl.data.video_layout`) frames are picked as
+    that model's video processor picks them (at least ``min_frames``), ``video_min_pixels``
+    and ``video_max_pixels`` bound the whole clip (a part's ``max_pixels`` still bounds
+    each frame), each temporal patch carries its timestamp and no ``second_per_grid_ts``
+    is produced.
     """
 
     patch_size: int = 14
@@ -160,6 +180,9 @@ class VisionProcessor:
     video_max_pixels: int = 28 * 28 * 768
     fps: float = 2.0
     max_frames: int = 768
+    timestamps: bool = False
+    min_frames: int = 4
+    video_min_pixels: int | None = None
 
     @property
     def factor(self) -> int:
@@ -168,10 +191,17 @@ class VisionProcessor:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> VisionProcessor:
-        """Settings from a model directory's ``preprocessor_config.json`` (defaults for
-        missing keys)."""
-        values = json.loads((Path(path) / "preprocessor_config.json").read_text())
-        return cls.from_settings(values)
+        """Settings from a model directory: ``preprocessor_config.json`` (images, and videos
+        unless overridden) and ``video_preprocessor_config.json`` (videos) when present;
+        Qwen3-VL directories get its video layout (defaults for missing keys)."""
+        path = Path(path)
+        values = json.loads((path / "preprocessor_config.json").read_text(encoding="utf-8"))
+        video_file = path / "video_preprocessor_config.json"
+        video = (json.loads(video_file.read_text(encoding="utf-8"))
+                 if video_file.is_file() else None)
+        from reasonctl.data.video_layout import uses_timestamps
+
+        return cls.from_settings(values, video=video, timestamps=uses_timestamps(path))
 
     @classmethod
     def from_image_processor(cls, image_processor: Any) -> VisionProcessor:
@@ -181,8 +211,16 @@ class VisionProcessor:
         return cls.from_settings({n: getattr(image_processor, n, None) for n in names})
 
     @classmethod
-    def from_settings(cls, values: dict[str, Any]) -> VisionProcessor:
-        """Build from preprocessor-config style keys; ``None`` values keep the defaults."""
+    def from_settings(cls, values: dict[str, Any], *, video: dict[str, Any] | None = None,
+                      timestamps: bool = False) -> VisionProcessor:
+        """Build from preprocessor-config style keys; ``None`` values keep the defaults.
+
+        ``video`` holds the keys of a ``video_preprocessor_config.json``. Without
+        ``timestamps`` (Qwen2-VL style) frames stay bounded per frame by
+        ``video_max_pixels`` (at most the image bound) and only the video file's ``fps``
+        and ``max_frames`` are read; with it the video file's ``size`` is the clip's
+        budget, as Qwen3-VL's video processor uses it.
+        """
         size = values.get("size") or {}
         known: dict[str, Any] = {
             "patch_size": values.get("patch_size"),
@@ -193,12 +231,31 @@ class VisionProcessor:
             "min_pixels": values.get("min_pixels") or size.get("shortest_edge"),
             "max_pixels": values.get("max_pixels") or size.get("longest_edge"),
         }
+        video = video or {}
+        video_size = video.get("size") or {}
+        known.update(fps=video.get("fps"), max_frames=video.get("max_frames"),
+                     timestamps=timestamps)
+        if timestamps:
+            from reasonctl.data.video_layout import (
+                QWEN3_MAX_PIXELS,
+                QWEN3_MIN_FRAMES,
+                QWEN3_MIN_PIXELS,
+            )
+
+            known.update(
+                min_frames=video.get("min_frames") or QWEN3_MIN_FRAMES,
+                video_min_pixels=video.get("min_pixels") or video_size.get("shortest_edge")
+                or QWEN3_MIN_PIXELS,
+                video_max_pixels=video.get("max_pixels") or video_size.get("longest_edge")
+                or QWEN3_MAX_PIXELS,
+            )
         kwargs = {k: v for k, v in known.items() if v is not None}
         for key in ("image_mean", "image_std"):
             if key in kwargs:
                 kwargs[key] = tuple(float(x) for x in kwargs[key])
         processor = cls(**kwargs)
-        processor.video_max_pixels = min(processor.video_max_pixels, processor.max_pixels)
+        if not timestamps:
+            processor.video_max_pixels = min(processor.video_max_pixels, processor.max_pixels)
         return processor
 
     # --- per item -----------------------------------------------------------------------
@@ -213,24 +270,56 @@ class VisionProcessor:
 
     def video_inputs(
         self, path: str | Path, fps: float | None = None, max_pixels: int | None = None
-    ) -> tuple[torch.Tensor, tuple[int, int, int], float]:
-        """``(pixel_values_videos, (t, h, w), seconds_per_temporal_patch)`` of one video."""
+    ) -> tuple[torch.Tensor, tuple[int, int, int], float, list[float] | None]:
+        """``(pixel_values_videos, (t, h, w), seconds_per_temporal_patch, timestamps)`` of
+        one video; ``timestamps`` (the seconds of each temporal patch) only with
+        :attr:`timestamps`, else ``None``."""
+        if self.timestamps:
+            return self._timestamped_video(path, fps or self.fps, max_pixels)
         video = read_video(path, fps or self.fps, max_frames=self.max_frames,
                            multiple=self.temporal_patch_size)
         limit = max_pixels or self.video_max_pixels
         height, width = self._target_size(video.frames.shape[1], video.frames.shape[2], limit)
         frames = np.stack([self._resize_to(f, height, width) for f in video.frames])
         pixels, grid = self._patchify(frames)
-        return pixels, grid, self.temporal_patch_size / video.sample_fps
+        return pixels, grid, self.temporal_patch_size / video.sample_fps, None
+
+    def _timestamped_video(self, path: str | Path, fps: float, max_pixels: int | None
+                           ) -> tuple[torch.Tensor, tuple[int, int, int], float, list[float]]:
+        from reasonctl.data.video_layout import (
+            patch_timestamps,
+            qwen3_frame_indices,
+            qwen3_frame_size,
+        )
+
+        def pick(total: int, video_fps: float) -> list[int]:
+            return qwen3_frame_indices(total, video_fps, fps, min_frames=self.min_frames,
+                                       max_frames=self.max_frames)
+
+        video = read_video(path, fps, max_frames=self.max_frames, pick=pick)
+        count, source_height, source_width = video.frames.shape[:3]
+        budget = self.video_max_pixels
+        if max_pixels is not None:
+            budget = min(budget, max_pixels * count)
+        height, width = qwen3_frame_size(
+            count, source_height, source_width, factor=self.factor,
+            temporal=self.temporal_patch_size,
+            min_pixels=min(self.video_min_pixels or 0, budget), max_pixels=budget)
+        frames = np.stack([self._resize_to(f, height, width) for f in video.frames])
+        pixels, grid = self._patchify(frames)
+        seconds = patch_timestamps(video.indices, video.video_fps, self.temporal_patch_size)
+        return pixels, grid, self.temporal_patch_size / video.sample_fps, seconds
 
     def encode_parts(self, parts: Sequence[ContentPart], *, source: str = "") -> MediaInputs:
-        """Pixel tensors and token counts for the image/video parts of a sample, in order."""
+        """Pixel tensors, token counts and timestamps for the image/video parts of a
+        sample, in order."""
         images: list[torch.Tensor] = []
         image_grids: list[tuple[int, int, int]] = []
         videos: list[torch.Tensor] = []
         video_grids: list[tuple[int, int, int]] = []
         seconds: list[float] = []
         counts: list[int] = []
+        stamps: list[list[float] | None] = []
         for part in parts:
             if part.path is None:
                 raise DataError(f"{source}: {part.type} part has no file path")
@@ -239,11 +328,14 @@ class VisionProcessor:
                     pixels, grid = self.image_inputs(part.path, part.max_pixels)
                     images.append(pixels)
                     image_grids.append(grid)
+                    stamps.append(None)
                 elif part.type == "video":
-                    pixels, grid, step = self.video_inputs(part.path, part.fps, part.max_pixels)
+                    pixels, grid, step, times = self.video_inputs(part.path, part.fps,
+                                                                  part.max_pixels)
                     videos.append(pixels)
                     video_grids.append(grid)
                     seconds.append(step)
+                    stamps.append(times)
                 else:
                     raise ValueError(f"not a media part: {part.type!r}")
             except DataError:
@@ -260,8 +352,9 @@ class VisionProcessor:
         if videos:
             tensors["pixel_values_videos"] = torch.cat(videos)
             tensors["video_grid_thw"] = torch.tensor(video_grids, dtype=torch.long)
-            tensors["second_per_grid_ts"] = torch.tensor(seconds, dtype=torch.float32)
-        return MediaInputs(tensors, counts)
+            if not self.timestamps:
+                tensors["second_per_grid_ts"] = torch.tensor(seconds, dtype=torch.float32)
+        return MediaInputs(tensors, counts, stamps)
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -302,3 +395,4 @@ class VisionProcessor:
         data = data.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
         flat = data.reshape(grid_t * grid_h * grid_w, channels * step * patch * patch)
         return torch.from_numpy(np.ascontiguousarray(flat)), (grid_t, grid_h, grid_w)
+

@@ -42,7 +42,8 @@ class PeriodicEvaluator:
             self.scorer = AnswerScorer.from_config(self.answer_format, ctx.config, ctx.registry)
         report = score_samples(ctx.engine, ctx.processor, self.samples,
                                answer_format=self.answer_format,
-                               params=sampling_for_eval(ctx.config, seed=ctx.config.run.seed),
+                               params=sampling_for_eval(ctx.config, seed=ctx.config.run.seed,
+                                                        processor=ctx.processor),
                                default_source=self.source, scorer=self.scorer)
         correct = float(sum(p.correct for p in report.predictions))
         total = float(len(report.predictions))

@@ -84,15 +84,21 @@ def parse_and_score(response: str, sample: Sample, answer_format: str) -> tuple[
     return AnswerScorer(answer_format).score(response, sample)
 
 
-def sampling_for_eval(config: RunConfig, *, seed: int) -> SamplingParams:
+def sampling_for_eval(config: RunConfig, *, seed: int, processor: Any = None
+                      ) -> SamplingParams:
     """``eval.temperature`` (greedy by default) and ``eval.repetition_penalty`` with
     ``rollout`` top-p/top-k/stop, and ``eval.max_new_tokens`` or else
-    ``rollout.max_new_tokens``."""
+    ``rollout.max_new_tokens``; with the ``processor``, its reserved tokens and
+    ``rollout.suppress_tokens`` are never sampled."""
+    from reasonctl.data.processing import suppressed_token_ids
+
     rollout, section = config.rollout, config.eval
+    suppress = suppressed_token_ids(processor, rollout.suppress_tokens) \
+        if processor is not None else []
     return SamplingParams(n=1, temperature=section.temperature, top_p=rollout.top_p,
                           top_k=rollout.top_k,
                           max_new_tokens=section.max_new_tokens or rollout.max_new_tokens,
-                          stop=list(rollout.stop), seed=seed,
+                          stop=list(rollout.stop), seed=seed, suppress_token_ids=suppress,
                           repetition_penalty=section.repetition_penalty)
 
 
@@ -128,7 +134,7 @@ def score_samples(
             prompt="\n".join(m.text for m in laid_out.prompt_messages() if m.role != "system"),
             response=completion.text,
             parsed=judgement.answer,
-            reference=laid_out.reference,
+            reference=_shown_reference(laid_out),
             correct=judgement.score == 1.0,
             source=str(sample.meta.get("source") or default_source),
             finish_reason=completion.finish_reason,
@@ -136,6 +142,16 @@ def score_samples(
             reward=reward,
         ))
     return report
+
+
+def _shown_reference(sample: Sample) -> Any:
+    """The sample's reference, or the answer of its ``qa_pairs`` (Cosmos-Reason RL rows)."""
+    if sample.reference is not None:
+        return sample.reference
+    qa = sample.meta.get("qa_pairs")
+    if isinstance(qa, list) and qa:
+        qa = qa[0]
+    return qa.get("answer") if isinstance(qa, dict) else None
 
 
 def write_report(report: EvalReport, directory: Path) -> Path:

@@ -75,7 +75,7 @@ def evaluate(
     engine = build_rollout_engine(ctx)
     report = score_samples(
         engine, ctx.processor, samples, answer_format=answer_format,
-        params=sampling_for_eval(config, seed=seed),
+        params=sampling_for_eval(config, seed=seed, processor=ctx.processor),
         default_source=Path(data or config.eval.data or "data").stem,
         scorer=AnswerScorer.from_config(answer_format, config, registry),
     )

@@ -14,6 +14,8 @@ from typing import Any
 
 TINY_ALIAS = "tiny-random"
 TINY_VERSION = "v1"
+TINY_VL_ALIASES = {"tiny-random-vl": "qwen2_5_vl", "tiny-random-qwen3-vl": "qwen3_vl"}
+"""Aliases of the tiny vision-language models (:mod:`reasonctl.models.tiny_vl`)."""
 SPECIAL_TOKENS = [
     "<|endoftext|>",
     "<|im_start|>",
@@ -113,7 +115,8 @@ def make_tiny_model_dir(path: str | Path, *, seed: int = 0, **config_overrides: 
 
 
 def resolve_tiny_alias(name_or_path: str) -> str:
-    """Return a local directory for ``tiny-random`` (created once), else the input unchanged.
+    """Return a local directory for ``tiny-random``, ``tiny-random-vl`` (Qwen2.5-VL) or
+    ``tiny-random-qwen3-vl`` (created once), else the input unchanged.
 
     ``tiny-random-wan``, ``tiny-random-sd3`` and ``tiny-random-cosmos`` are tiny diffusers
     pipelines (:mod:`reasonctl.diffusion.tiny`).
@@ -123,11 +126,23 @@ def resolve_tiny_alias(name_or_path: str) -> str:
 
         if name_or_path in TINY_PIPELINES:
             return resolve_tiny_pipeline(name_or_path)
-    if name_or_path != TINY_ALIAS:
+    if name_or_path == TINY_ALIAS:
+        make = make_tiny_model_dir
+    elif name_or_path in TINY_VL_ALIASES:
+        from reasonctl.models import tiny_vl
+
+        make = (tiny_vl.make_tiny_qwen2_5_vl_dir if TINY_VL_ALIASES[name_or_path] == "qwen2_5_vl"
+                else tiny_vl.make_tiny_qwen3_vl_dir)
+    else:
         return name_or_path
-    target = cache_root() / f"{TINY_ALIAS}-{TINY_VERSION}"
+    target = cache_root() / f"{name_or_path}-{TINY_VERSION}"
     if not (target / "config.json").is_file():
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-        make_tiny_model_dir(tmp)
-        tmp.replace(target) if not target.exists() else None
+        make(tmp)
+        if target.exists():
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.replace(target)
     return str(target)

@@ -45,6 +45,12 @@ def has_vision_inputs(prompts: Sequence[dict[str, Any]]) -> bool:
     return any(p.get(k) is not None for p in prompts for k in VISION_KEYS)
 
 
+def vision_inputs(prompt: dict[str, Any]) -> dict[str, Any] | None:
+    """A prompt's vision inputs and token types (None for a text prompt)."""
+    found = {k: prompt[k] for k in (*VISION_KEYS, TOKEN_TYPES_KEY) if prompt.get(k) is not None}
+    return found if any(k in found for k in VISION_KEYS) else None
+
+
 class DynamicDecoder:
     """Samples completions from a ``transformers`` causal LM one token at a time.
 
@@ -73,25 +79,21 @@ class DynamicDecoder:
         return next(self.model.parameters()).device
 
     def generate(self, prompts: Sequence[dict[str, Any]], params: SamplingParams,
-                 generator: torch.Generator, *, max_batch_size: int
-                 ) -> list[list[Completion]]:
+                 generator: torch.Generator, *, max_batch_size: int,
+                 bias: torch.Tensor | None = None) -> list[list[Completion]]:
         """``params.n`` completions per prompt (``{"input_ids": [...], ...}``), in chunks
-        of at most ``max_batch_size`` sequences."""
+        of at most ``max_batch_size`` sequences; ``bias`` keeps suppressed tokens from being
+        drawn (:func:`~reasonctl.rollout.sampling.suppression_bias`)."""
         per_chunk = max(1, max_batch_size // params.n)
         results: list[list[Completion]] = []
         for start in range(0, len(prompts), per_chunk):
             chunk = prompts[start : start + per_chunk]
-            results.extend(self._generate_chunk(chunk, params, generator))
+            rows: list[GeneratingRow] = []
+            for rows in self.decode_loop(chunk, params, generator,  # noqa: B007 (last wins)
+                                         bias=bias):
+                pass
+            results.extend(group_completions(rows, len(chunk), self.decode_many))
         return results
-
-    def _generate_chunk(
-        self, prompts: Sequence[dict[str, Any]], params: SamplingParams,
-        generator: torch.Generator,
-    ) -> list[list[Completion]]:
-        rows: list[GeneratingRow] = []
-        for rows in self.decode_loop(prompts, params, generator):  # noqa: B007 (last wins)
-            pass
-        return group_completions(rows, len(prompts), self.decode_many)
 
     def decode_loop(
         self,
@@ -99,6 +101,8 @@ class DynamicDecoder:
         params: SamplingParams,
         generator: torch.Generator,
         on_step: Callable[[list[GeneratingRow]], None] | None = None,
+        *,
+        bias: torch.Tensor | None = None,
     ) -> Iterator[list[GeneratingRow]]:
         """Run prefill and decode steps, yielding the rows after every step."""
         device = self.device
@@ -120,7 +124,7 @@ class DynamicDecoder:
                 logits = penalize_repetition(logits, seen, params.repetition_penalty)
             tokens, logprobs = sample_tokens(
                 logits, temperature=params.temperature, top_k=params.top_k,
-                top_p=params.top_p, generator=generator,
+                top_p=params.top_p, generator=generator, bias=bias,
             )
             # one device-to-host copy per step (float64 holds token ids and float32 exactly)
             host = torch.stack([tokens.double(), logprobs.double(),

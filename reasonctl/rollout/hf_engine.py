@@ -4,9 +4,11 @@
 the decode path and runs it in the inference context (no grad, eval mode, the caller's
 autocast). Text prompts on supported models take the static path
 (:class:`~reasonctl.rollout.static.decoder.StaticDecoder`: a static slot cache,
-continuous batching, CUDA graphs, the Triton kernels of :mod:`reasonctl.rollout.kernels`);
-vision prompts, other models, a ``repetition_penalty``, ``decode="dynamic"`` and
-:meth:`HFRolloutEngine.stream` take the dynamic path
+continuous batching, CUDA graphs, the Triton kernels of :mod:`reasonctl.rollout.kernels`),
+and so do vision prompts on Qwen2.5-VL and Qwen3-VL (batched vision prefill, multimodal
+rotary offsets per slot); vision prompts of other models, other models, a
+``repetition_penalty``, ``decode="dynamic"`` and :meth:`HFRolloutEngine.stream` take the
+dynamic path
 (:class:`~reasonctl.rollout.dynamic.DynamicDecoder`, a per-token loop over
 ``transformers``' dynamic cache). Both sample, record log-probs and cut stop
 strings alike.
@@ -28,9 +30,10 @@ from typing import Any, Literal
 import torch
 
 from reasonctl.core.types import Completion, SamplingParams
-from reasonctl.rollout.dynamic import DynamicDecoder, has_vision_inputs
+from reasonctl.rollout.dynamic import DynamicDecoder, has_vision_inputs, vision_inputs
 from reasonctl.rollout.options import DecodeOptions
 from reasonctl.rollout.rows import GeneratingRow
+from reasonctl.rollout.sampling import suppression_bias
 from reasonctl.rollout.static.buckets import DEFAULT_GRAPH_BATCH_SIZES
 from reasonctl.rollout.static.decoder import StaticDecoder, supports_static_decode
 
@@ -139,16 +142,21 @@ class HFRolloutEngine:
         _check_params(params)
         started = time.perf_counter()
         generator = self._generator(params.seed)
-        static = (self.static_decoder is not None and not has_vision_inputs(prompts)
-                  and params.repetition_penalty == 1.0)
+        bias = self._suppression(params)
+        with_vision = has_vision_inputs(prompts)
+        static = (self.static_decoder is not None and params.repetition_penalty == 1.0
+                  and (not with_vision or self.static_decoder.takes_vision))
         with self._inference():
             if static:
                 assert self.static_decoder is not None
+                vision = [vision_inputs(p) for p in prompts] if with_vision else None
                 results = self.static_decoder.generate([p["input_ids"] for p in prompts],
-                                                       params, generator)
+                                                       params, generator, bias=bias,
+                                                       vision=vision)
             else:
                 results = self.dynamic_decoder.generate(prompts, params, generator,
-                                                        max_batch_size=self.max_batch_size)
+                                                        max_batch_size=self.max_batch_size,
+                                                        bias=bias)
         if not static:
             path = "dynamic"
         else:
@@ -230,15 +238,25 @@ class HFRolloutEngine:
                 pieces.append(text[len(emitted) :])
                 emitted = text
 
+        bias = self._suppression(params)
         with self._inference():
             for _ in self.dynamic_decoder.decode_loop([prompt], params, generator,
-                                                      on_step=on_step):
+                                                      on_step=on_step, bias=bias):
                 while pieces:
                     yield pieces.pop(0)
         while pieces:
             yield pieces.pop(0)
 
     # --- internals -----------------------------------------------------------------------
+
+    def _suppression(self, params: SamplingParams) -> torch.Tensor | None:
+        """The sampling bias that keeps ``params.suppress_token_ids`` from being drawn (end
+        tokens excepted: they may always end a completion); None when nothing is."""
+        banned = set(params.suppress_token_ids) - self.eos_token_ids
+        if not banned:
+            return None
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        return suppression_bias(sorted(banned), vocab, self.device)
 
     def _generator(self, seed: int | None) -> torch.Generator:
         if seed is None:

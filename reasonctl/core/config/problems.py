@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from reasonctl.core.config.foreign_keys import foreign_key_hint
 from reasonctl.core.config.redaction import REDACTED, is_secret_key, redact_text
 from reasonctl.core.config.schema import model_in
 from reasonctl.core.config.sources import ENV_DELIMITER, ENV_PREFIX, ConfigSources
@@ -101,7 +102,9 @@ def _message(loc: Loc, errors: list[dict[str, Any]], model: type[BaseModel],
     if first["type"] == "extra_forbidden":
         siblings = sorted({*known_keys(model, loc[:-1]), *(extra_keys if len(loc) == 1 else ())})
         close = did_you_mean(str(loc[-1]), siblings)
-        message = "unknown key" + (f"; did you mean {close!r}?" if close else "")
+        foreign = foreign_key_hint(str(loc[-1]), first.get("input"))
+        message = "unknown key" + (f"; {foreign}" if foreign else
+                                   f"; did you mean {close!r}?" if close else "")
         return message + (f" (valid keys: {', '.join(siblings)})" if siblings else "")
     if first["type"] == "missing":
         if loc and isinstance(loc[-1], int):

@@ -252,6 +252,11 @@ class RolloutSection(Section):
     top_k: int = Field(default=0, ge=0)
     max_new_tokens: int = Field(default=256, gt=0)
     stop: list[str] = Field(default_factory=list)
+    suppress_tokens: list[str | int] = Field(
+        default_factory=list,
+        description="Tokens (strings or ids) never sampled, besides those the processor "
+        "reserves (vision placeholders and markers, <|im_start|>, padding).",
+    )
 
 
 class RewardComponent(BaseModel):

@@ -10,10 +10,14 @@ Where the data comes from, in order of precedence:
   (``subset`` picks its configuration; downloads use the usual Hugging Face cache).
 
 ``split`` accepts slicing such as ``train[:100]``, ``train[10:20]`` or ``train[:5%]``.
-Rows use the layouts of :mod:`reasonctl.data.messages`; ``columns`` maps those names to the
-dataset's columns, e.g. ``columns = {prompt = "question", reference = "label", video =
-"video_path"}``. Image columns stored as images (bytes) are written once to the reasonctl
-cache so the sample can refer to a file. Errors name rows as ``<dataset>[<split>]:<index>``.
+Rows use the layouts of :mod:`reasonctl.data.messages` (Cosmos-Reason1 SFT rows with
+``conversations`` stored as JSON text, Cosmos-Reason1 RL rows with ``qa_pairs``);
+``columns`` maps those names to the dataset's columns, e.g. ``columns = {prompt =
+"question", reference = "label", video = "video_path"}``, and ``prompt``/``answer``
+templates build samples from other columns
+(:mod:`reasonctl.data.formats.row_mapping`). Image columns stored as images (bytes) are
+written once to the reasonctl cache so the sample can refer to a file. Errors name rows as
+``<dataset>[<split>]:<index>``.
 """
 
 from __future__ import annotations
@@ -23,11 +27,11 @@ import io
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
-from reasonctl.data.formats.media_options import MediaOptions
+from reasonctl.data.formats.row_mapping import RowMappingOptions
 
 if TYPE_CHECKING:
     from reasonctl.core.protocols import RunContext
@@ -35,10 +39,6 @@ if TYPE_CHECKING:
     from reasonctl.data.datasets import ListDataset
     from reasonctl.data.formats.hf_stream import HfStream
 
-RowField = Literal[
-    "messages", "conversations", "prompt", "system", "response", "answer", "completion",
-    "reference", "meta", "image", "images", "video", "videos",
-]
 MEDIA_FIELDS = ("image", "images", "video", "videos")
 BUILDERS = {
     ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet",
@@ -49,7 +49,7 @@ SPLIT_PATTERN = re.compile(
 )
 
 
-class HfConfig(MediaOptions):
+class HfConfig(RowMappingOptions):
     """``[data.hf]``: which dataset, split and columns to read."""
 
     name: str | None = Field(
@@ -61,9 +61,6 @@ class HfConfig(MediaOptions):
     )
     subset: str | None = Field(default=None, description="Dataset configuration name.")
     split: str = Field(default="train", description="Split, with optional slicing.")
-    columns: dict[RowField, str] = Field(
-        default_factory=dict, description="Row field -> dataset column."
-    )
     revision: str | None = Field(default=None, description="Hub revision to load.")
     streaming: bool = Field(
         default=False,
@@ -131,8 +128,7 @@ def row_sample(row: dict[str, Any], config: HfConfig, media: Any) -> Sample:
     turned into files."""
     from reasonctl.data.messages import sample_from_record
 
-    renamed = {column: field for field, column in config.columns.items()}
-    record = {renamed.get(k, k): v for k, v in row.items()}
+    record = config.map_row(row)
     for field in MEDIA_FIELDS:
         if record.get(field) is not None:
             record[field] = _media_paths(record[field])

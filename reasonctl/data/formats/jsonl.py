@@ -8,7 +8,9 @@ Accepted rows (the layouts of :mod:`reasonctl.data.messages`)::
     {"prompt": "2+2?", "response": "4"}                  # SFT pair ("answer" also works)
     {"prompt": "2+2?", "reference": "4", "meta": {...}}  # RL / evaluation row
 
-A file that starts with ``[`` is read as a JSON array of such rows.
+A file that starts with ``[`` is read as a JSON array of such rows. ``columns``, ``prompt``,
+``answer`` and ``value_names`` map other layouts onto these
+(:mod:`reasonctl.data.formats.row_mapping`).
 """
 
 from __future__ import annotations
@@ -18,15 +20,15 @@ from typing import TYPE_CHECKING, Annotated
 from pydantic import Field
 
 from reasonctl.core.config import InputPath
-from reasonctl.data.formats.media_options import MediaOptions
+from reasonctl.data.formats.row_mapping import RowMappingOptions
 
 if TYPE_CHECKING:
     from reasonctl.core.protocols import RunContext
     from reasonctl.data.datasets import ListDataset
 
 
-class JsonlConfig(MediaOptions):
-    """``[data.jsonl]``: the files to read and media defaults."""
+class JsonlConfig(RowMappingOptions):
+    """``[data.jsonl]``: the files to read, media defaults and column mapping."""
 
     path: Annotated[str | list[str] | None, InputPath("file", required=True)] = Field(
         default=None, description="A .jsonl file (or JSON array file), or a list of them."
@@ -50,7 +52,7 @@ def build_jsonl_dataset(
     rows = (row for path in paths for row in read_json_rows(path))
     return build_samples(
         rows,
-        lambda row: sample_from_record(row.value, resolvers[row.file]),
+        lambda row: sample_from_record(config.map_row(row.value), resolvers[row.file]),
         RowOptions.from_context(ctx),
     )
 

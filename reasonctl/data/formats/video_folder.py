@@ -7,17 +7,17 @@ suffix in order. A ``.json`` meta is parsed: ``field`` (a dotted path such as
 string as is, anything else serialised). Any other meta file is read as plain text.
 
 Each sample is one user turn (the video, then ``prompt``) and one assistant turn
-(``answer``), and the answer is also the sample's ``reference``. Templates may use
-``{id}``, ``{meta}`` (the meta text) and, for JSON object metas, ``{<key>}`` of any
-top-level key. A video without a meta file is a bad row that lists the paths tried.
+(``answer``), and the answer is also the sample's ``reference``. Templates
+(:mod:`reasonctl.data.templates`) may use ``{id}``, ``{meta}`` (the meta text) and, for
+JSON object metas, ``{<key>}`` of any top-level key, spaces included (``{collision
+type}``). A video without a meta file is a bad row that lists the paths tried.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
@@ -29,9 +29,6 @@ if TYPE_CHECKING:
     from reasonctl.core.types import Sample
     from reasonctl.data.datasets import ListDataset
     from reasonctl.data.messages import MediaResolver
-
-PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
 
 class VideoFolderConfig(MediaOptions):
     """``[data.video_folder]``: where the videos and metas are and how to phrase samples."""
@@ -97,6 +94,7 @@ def video_sample(
     """The sample for one video: its meta text filled into the prompt and answer."""
     from reasonctl.core.types import ContentPart, Message, Sample
     from reasonctl.data.messages import RowProblem
+    from reasonctl.data.templates import fill
 
     video_id = video.name[: -len(config.video_suffix)]
     suffixes = [config.meta_suffix] if isinstance(config.meta_suffix, str) else config.meta_suffix
@@ -111,8 +109,8 @@ def video_sample(
     values.update(fields)
     values["meta"] = meta_text
     try:
-        prompt = _fill(config.prompt, values, "prompt")
-        answer = _fill(config.answer, values, "answer")
+        prompt = fill(config.prompt, values, "prompt")
+        answer = fill(config.answer, values, "answer")
     except RowProblem as exc:
         raise RowProblem(str(exc), source=f"{meta_file}:1") from None
     user = Message("user", [media.part("video", str(video)), ContentPart("text", text=prompt)])
@@ -122,10 +120,15 @@ def video_sample(
 
 
 def _read_meta(path: Path, field: str | None) -> tuple[str, dict[str, str]]:
-    """The meta text and the top-level string values usable in templates."""
+    """The meta text and the top-level values usable in templates."""
     from reasonctl.data.messages import RowProblem
+    from reasonctl.data.templates import as_text
 
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise RowProblem(f"not UTF-8 text (byte {exc.start}); save it as UTF-8",
+                         source=f"{path}:1") from None
     if path.suffix.lower() != ".json":
         if field is not None:
             raise RowProblem(f"field={field!r} needs a JSON meta file; {path} is plain text")
@@ -135,7 +138,7 @@ def _read_meta(path: Path, field: str | None) -> tuple[str, dict[str, str]]:
     except json.JSONDecodeError as exc:
         raise RowProblem(f"invalid JSON: {exc.msg}", source=f"{path}:{exc.lineno}") from None
     fields = (
-        {k: _as_text(v) for k, v in value.items() if isinstance(k, str)}
+        {k: as_text(v) for k, v in value.items() if isinstance(k, str)}
         if isinstance(value, dict) else {}
     )
     if field is not None:
@@ -147,24 +150,4 @@ def _read_meta(path: Path, field: str | None) -> tuple[str, dict[str, str]]:
                     source=f"{path}:1",
                 )
             value = value[key]
-    return _as_text(value), fields
-
-
-def _as_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-def _fill(template: str, values: dict[str, str], option: str) -> str:
-    def replace(match: re.Match[str]) -> str:
-        key = match.group(1)
-        if key not in values:
-            from reasonctl.data.messages import RowProblem
-
-            raise RowProblem(
-                f"the {option} template uses {{{key}}} but only {', '.join(sorted(values))} "
-                "are available"
-            )
-        return values[key]
-
-    return PLACEHOLDER.sub(replace, template)
-
+    return as_text(value), fields

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from reasonctl.rollout.kernels.race_sampling import pick_from_partials
+from reasonctl.rollout.kernels.race_sampling import _check_bias, pick_from_partials
 from reasonctl.rollout.kernels.triton_support import interpreting, next_power_of_two
 
 # small tiles and reduction steps leave room for three programs per multiprocessor, whose
@@ -46,8 +46,8 @@ MAX_ROWS = 64
 
 
 def head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: float,
-                seed: torch.Tensor, *, pdl: bool = False, fast_log: bool = True
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                seed: torch.Tensor, *, pdl: bool = False, fast_log: bool = True,
+                bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One token sampled from ``softmax(hidden @ weight.T / temperature)`` per row.
 
     ``hidden`` is ``[B, H]`` (B <= :data:`MAX_ROWS`), ``weight`` the output embedding
@@ -56,7 +56,9 @@ def head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: float,
     both kernels are programmatic dependent launches (see
     :mod:`reasonctl.rollout.kernels.decode_linear`). ``fast_log`` lets compiled kernels
     use the GPU's approximate logarithm for the noise (False: the library's exact one,
-    e.g. to compare draws; the interpreter always uses that).
+    e.g. to compare draws; the interpreter always uses that). ``bias`` (float32 ``[V]``,
+    0 or ``-inf``) is added to the perturbed scores only: ``-inf`` entries are never
+    drawn; log-probabilities stay those of the unbiased distribution.
     """
     problems = []
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
@@ -84,11 +86,13 @@ def head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: float,
     if rows == 0:
         return pick_from_partials(stats)
     launch = {"launch_pdl": True} if pdl else {}
-    _kernels()[(tiles,)](hidden, weight, seed, stats, rows, vocab, depth, hidden.stride(0),
+    _check_bias(bias, vocab, hidden.device, "head_sample")
+    _kernels()[(tiles,)](hidden, weight, seed, stats, stats if bias is None else bias, rows,
+                      vocab, depth, hidden.stride(0),
                       tiles, 1.0 / temperature, BLOCK_M=max(16, next_power_of_two(rows)),
                       QUARTER=TILE // 4, BLOCK_K=BLOCK_K,
                       UPCAST=hidden.dtype == torch.float32 or interpreting(),
-                      FAST_LOG=fast_log and not interpreting(), PDL=pdl,
+                      FAST_LOG=fast_log and not interpreting(), PDL=pdl, BIAS=bias is not None,
                       num_warps=NUM_WARPS, num_stages=NUM_STAGES, **launch)
     return pick_from_partials(stats, pdl=pdl)
 
@@ -100,10 +104,10 @@ def _kernels() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def partial(h_ptr, w_ptr, seed_ptr, stats_ptr, rows, vocab, depth, h_stride, tiles,
-                inverse_t, BLOCK_M: tl.constexpr, QUARTER: tl.constexpr,
+    def partial(h_ptr, w_ptr, seed_ptr, stats_ptr, bias_ptr, rows, vocab, depth, h_stride,
+                tiles, inverse_t, BLOCK_M: tl.constexpr, QUARTER: tl.constexpr,
                 BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, FAST_LOG: tl.constexpr,
-                PDL: tl.constexpr):
+                PDL: tl.constexpr, BIAS: tl.constexpr):
         # rows on the first axis, the tile's entries on the second: the per-row
         # reductions below stay within a warp
         tile = tl.program_id(0)
@@ -150,6 +154,8 @@ def _kernels() -> Any:
         else:
             noise = -tl.log(-tl.log(uniform))
         score = x + noise
+        if BIAS:  # suppressed entries are never drawn
+            score += tl.load(bias_ptr + entry, mask=entry_ok, other=0.0)[None, :]
         best = tl.max(score, axis=1)
         best_entry = tl.min(tl.where(score == best[:, None], entry[None, :], 2147483647),
                             axis=1)

@@ -34,13 +34,16 @@ BLOCK = 1024  # entries per step of a program's loop
 
 
 
-def race_sample(logits: torch.Tensor, temperature: float, seed: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def race_sample(logits: torch.Tensor, temperature: float, seed: torch.Tensor,
+                bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One sampled token per row of ``logits`` (``[B, V]``) at ``temperature`` (> 0).
 
     ``seed`` is a one-element integer tensor on the logits' device (read by the kernels,
-    so a captured graph can advance it). Returns ``(tokens, logprobs)``: ``[B]`` int64 and
-    ``[B]`` float32, the log-probabilities under ``softmax(logits / temperature)``.
+    so a captured graph can advance it). ``bias`` (float32 ``[V]``, 0 or ``-inf``) is
+    added to the perturbed scores only: ``-inf`` entries are never drawn, and the
+    log-probabilities stay those of the unbiased distribution. Returns ``(tokens,
+    logprobs)``: ``[B]`` int64 and ``[B]`` float32, the log-probabilities under
+    ``softmax(logits / temperature)``.
     """
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"race_sample: logits must be [B, V] with contiguous rows, got "
@@ -59,9 +62,10 @@ def race_sample(logits: torch.Tensor, temperature: float, seed: torch.Tensor
     chunks = -(-vocab // CHUNK)
     best = torch.empty((5, rows, chunks), dtype=torch.float32, device=logits.device)
     partial, _ = _kernels()
-    partial[(rows, chunks)](logits, seed, best, logits.stride(0), vocab, chunks,
-                            1.0 / temperature, CHUNK=CHUNK, BLOCK=min(BLOCK, CHUNK),
-                            num_warps=4)
+    _check_bias(bias, vocab, logits.device, "race_sample")
+    partial[(rows, chunks)](logits, seed, best, logits if bias is None else bias,
+                            logits.stride(0), vocab, chunks, 1.0 / temperature, CHUNK=CHUNK,
+                            BLOCK=min(BLOCK, CHUNK), BIAS=bias is not None, num_warps=4)
     return pick_from_partials(best)
 
 
@@ -85,6 +89,14 @@ def pick_from_partials(partials: torch.Tensor, *, pdl: bool = False
     return tokens, logprobs
 
 
+def _check_bias(bias: torch.Tensor | None, vocab: int, device: torch.device, name: str
+                ) -> None:
+    if bias is not None and (bias.shape != (vocab,) or bias.dtype != torch.float32
+                             or bias.device != device or not bias.is_contiguous()):
+        raise ValueError(f"{name}: bias must be a contiguous float32 [{vocab}] tensor on "
+                         f"{device}, got {bias.dtype} {list(bias.shape)} on {bias.device}")
+
+
 @functools.cache
 def _kernels() -> tuple[Any, Any]:
     """The Triton kernels, defined on first use (``TRITON_INTERPRET`` is read then)."""
@@ -92,8 +104,8 @@ def _kernels() -> tuple[Any, Any]:
     import triton.language as tl
 
     @triton.jit
-    def partial(logits_ptr, seed_ptr, best_ptr, row_stride, vocab, chunks, inverse_t,
-                CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    def partial(logits_ptr, seed_ptr, best_ptr, bias_ptr, row_stride, vocab, chunks,
+                inverse_t, CHUNK: tl.constexpr, BLOCK: tl.constexpr, BIAS: tl.constexpr):
         row = tl.program_id(0)
         chunk = tl.program_id(1)
         seed = tl.load(seed_ptr)
@@ -126,6 +138,8 @@ def _kernels() -> tuple[Any, Any]:
                     * inverse_t
                 # Gumbel noise -log(-log(u)): the argmax of x + noise samples softmax(x)
                 score = tl.where(valid, x - tl.log(-tl.log(uniform)), float("-inf"))
+                if BIAS:  # suppressed entries are never drawn
+                    score += tl.load(bias_ptr + index, mask=valid, other=0.0)
                 better = score > best_score
                 best_score = tl.where(better, score, best_score)
                 best_index = tl.where(better, index, best_index)

@@ -13,7 +13,8 @@ import torch
 
 class StepBuffers:
     """Device tensors the decode step reads and writes, allocated with the cache: per
-    slot its input token, position, logits or final hidden states, done flag and count of
+    slot its input token, position, rotary offset (multimodal models: rotary position
+    minus cache position), logits or final hidden states, done flag and count of
     generated tokens, and two windows of ``window`` steps' tokens, log-probs and valid
     flags (one being handed over while the next is decoded)."""
 
@@ -21,6 +22,7 @@ class StepBuffers:
                  dtype: torch.dtype, device: torch.device, *, window: int) -> None:
         self.input_ids = torch.zeros(slots, dtype=torch.long, device=device)
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
+        self.rope_offsets = torch.zeros(slots, dtype=torch.long, device=device)
         self.logits = torch.zeros(slots, vocab, dtype=dtype, device=device)
         self.hidden = torch.zeros(slots, hidden, dtype=dtype, device=device)
         self.done = torch.ones(slots, dtype=torch.bool, device=device)
@@ -39,7 +41,8 @@ class StepBuffers:
 
     def move_slots(self, sources: torch.Tensor, targets: torch.Tensor) -> None:
         """Copy per-slot state from ``sources`` to ``targets``."""
-        for tensor in (self.positions, self.logits, self.hidden, self.done, self.generated):
+        for tensor in (self.positions, self.rope_offsets, self.logits, self.hidden, self.done,
+                       self.generated):
             tensor.index_copy_(0, targets, tensor.index_select(0, sources))
 
 

@@ -43,7 +43,11 @@ engine repeats hundreds of times: one new token per slot of a
 
 Supported: model types in :data:`SUPPORTED_MODEL_TYPES` with full attention, a static
 rotary frequency table (not the ``dynamic``/``longrope`` types) and no MLP bias; other
-models decode through the Hugging Face forward pass.
+models decode through the Hugging Face forward pass. For the vision-language models
+(Qwen2.5-VL, Qwen3-VL) the step runs their language model: a generated token's
+multimodal rotary position has equal time, height and width parts, which is the ordinary
+rotary embedding at that position, so only the position differs from the cache index:
+each slot's offset (the model's ``rope_deltas`` of its prompt) is in :attr:`rope_offsets`.
 """
 
 from __future__ import annotations
@@ -83,8 +87,28 @@ FUSED_MLP_ROWS = 64
 CHAIN_ROWS = LINEAR_MAX_ROWS
 """Batches up to this many rows run as the kernel chain (when it runs at all); larger
 ones use library matmuls."""
-SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
+MULTIMODAL_MODEL_TYPES = frozenset({"qwen2_5_vl", "qwen3_vl"})
+"""Vision-language models whose language model the step runs (multimodal rotary)."""
+SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"}) | MULTIMODAL_MODEL_TYPES
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+
+
+def text_config(model: Any) -> Any:
+    """The config of ``model``'s language model (the model's own for text models)."""
+    config = model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def text_decoder(model: Any) -> Any:
+    """The module holding the decoder layers, embedding, final norm and rotary embedding
+    (``model.model``, or its ``language_model`` for a vision-language model)."""
+    inner = getattr(model, "model", None)
+    return getattr(inner, "language_model", None) or inner
+
+
+def is_multimodal(model: Any) -> bool:
+    """True for the vision-language models of :data:`MULTIMODAL_MODEL_TYPES`."""
+    return getattr(getattr(model, "config", None), "model_type", None) in MULTIMODAL_MODEL_TYPES
 
 
 def supports_decode_forward(model: Any) -> bool:
@@ -92,7 +116,7 @@ def supports_decode_forward(model: Any) -> bool:
     config = getattr(model, "config", None)
     if config is None or getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
         return False
-    inner = getattr(model, "model", None)
+    inner = text_decoder(model)
     rotary = getattr(inner, "rotary_emb", None)
     if rotary is None or getattr(rotary, "rope_type", "default") not in STATIC_ROPE_TYPES:
         return False
@@ -126,8 +150,13 @@ class DecodeForward:
         self.model = model
         self.dtype = dtype
         self.options = options
-        config = model.config
-        inner = model.model
+        config = text_config(model)
+        inner = self.inner = text_decoder(model)
+        self.multimodal = is_multimodal(model)
+        """Rotary positions are the cache positions plus :attr:`rope_offsets`."""
+        self.rope_offsets: torch.Tensor | None = None
+        """Per slot, the rotary position minus the cache position (multimodal models; a
+        static buffer the decoder owns, read by captured graphs)."""
         self.heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         attention = inner.layers[0].self_attn
@@ -145,7 +174,7 @@ class DecodeForward:
         self.fused_mlp_rows = FUSED_MLP_ROWS if options.fused_mlp else 0
         """Batches up to this many rows use the fused gate/up kernel off the chain."""
         self.mlp_tiles = choose_tiles(config.hidden_size)
-        self.weights = DecodeWeights(model, dtype)
+        self.weights = DecodeWeights(model, dtype, inner.layers)
         self.layers: list[LayerWeights] = self.weights.layers
         self.lm_head = self.weights.lm_head
         self.norm_eps = float(getattr(inner.norm, "variance_epsilon", 1e-6))
@@ -171,6 +200,12 @@ class DecodeForward:
                                               self.processors, may_split=True)
         self._stock = self.stock_hidden
         self.rotary = RotaryTables(inner.rotary_emb)
+
+    def rotary_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """The rotary positions of tokens at cache ``positions`` of the first slots."""
+        if not self.multimodal or self.rope_offsets is None:
+            return positions
+        return positions + self.rope_offsets[: positions.shape[0]]
 
     def compile_stock(self) -> None:
         """Compile :meth:`stock_hidden` (the path of batches the kernel chain does not
@@ -226,7 +261,7 @@ class DecodeForward:
         matmul's split products and adds its bias), the output projection (its reduction
         split, summed by the next norm), residual add and RMSNorm, the gated MLP's
         gate/up, the down projection and the next residual add and RMSNorm."""
-        inner = self.model.model
+        inner = self.inner
         pdl, descriptors = self.pdl, self.descriptors
         layers = inner.layers
         embedding = inner.embed_tokens
@@ -239,7 +274,11 @@ class DecodeForward:
             residual = embedding(input_ids)
             h = add_rms_norm(residual, None, layers[0].input_layernorm.weight, self.norm_eps,
                              self.dtype, pdl=pdl)
-        cos, sin = self.rotary.every_position(cache.max_len, residual.dtype, residual.device)
+        if self.multimodal:  # one table row per slot, at its own rotary position
+            cos, sin = self.rotary.at(self.rotary_positions(positions), residual.dtype)
+        else:
+            cos, sin = self.rotary.every_position(cache.max_len, residual.dtype,
+                                                  residual.device)
         splits = default_splits(cache.slots, self.kv_heads, cache.max_len, self.processors)
         split_qkv = self.qkv_tiles.splits(self.layers[0].qkv.shape[1]) > 1
         for layer_index, (layer, weights) in enumerate(zip(layers, self.layers, strict=True)):
@@ -247,7 +286,7 @@ class DecodeForward:
                                 self.qkv_tiles, pdl=pdl, descriptors=descriptors)
             attended = self._attention(layer.self_attn, qkv, cos, sin, None, positions,
                                        cache, layer_index, None, splits, pdl=pdl,
-                                       rotary_by_position=True,
+                                       rotary_by_position=not self.multimodal,
                                        qkv_bias=weights.qkv_bias if split_qkv else None)
             update = skinny_linear(attended, weights.out, weights.out_bias, self.out_tiles,
                                    pdl=pdl, descriptors=descriptors)
@@ -279,7 +318,7 @@ class DecodeForward:
         Numerics are those of the decode chain: matmuls in the compute dtype, the
         residual stream in the model's dtype, rotary in float32 rounded to the cache
         dtype, attention by ``scaled_dot_product_attention`` in the cache dtype."""
-        inner = self.model.model
+        inner = self.inner
         rows, width = input_ids.shape
         embedded = inner.embed_tokens(input_ids)
         residual = embedded.reshape(rows * width, -1)
@@ -327,10 +366,10 @@ class DecodeForward:
         """:meth:`hidden` with library matmuls and the model's own norms (the fused
         attention and gate/up kernels where :attr:`fused_attention` and
         :attr:`fused_mlp` say so)."""
-        inner = self.model.model
+        inner = self.inner
         batch = input_ids.shape[0]
         x = inner.embed_tokens(input_ids)
-        cos, sin = self.rotary.at(positions, x.dtype)
+        cos, sin = self.rotary.at(self.rotary_positions(positions), x.dtype)
         rows = torch.arange(batch, device=input_ids.device)
         splits = default_splits(cache.slots, self.kv_heads, cache.max_len, self.processors) \
             if self.fused_attention else 1

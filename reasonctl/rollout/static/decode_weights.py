@@ -30,12 +30,14 @@ class LayerWeights:
 
 class DecodeWeights:
     """Every layer's :class:`LayerWeights` and the output head (``lm_head``) of a
-    Llama-style ``model``, in ``dtype``; filled by :meth:`refresh` (called once here)."""
+    Llama-style ``model`` (its decoder ``layers``), in ``dtype``; filled by
+    :meth:`refresh` (called once here)."""
 
-    def __init__(self, model: Any, dtype: torch.dtype) -> None:
+    def __init__(self, model: Any, dtype: torch.dtype, layers: Any) -> None:
         self.model = model
         self.dtype = dtype
-        self.layers = [self._allocate(layer) for layer in model.model.layers]
+        self.decoder_layers = layers
+        self.layers = [self._allocate(layer) for layer in layers]
         self.lm_head = self._own_or_copy(model.get_output_embeddings().weight)
         self.refresh()
 
@@ -72,7 +74,7 @@ class DecodeWeights:
         launch."""
         targets: list[torch.Tensor] = []
         sources: list[torch.Tensor] = []
-        for layer, weights in zip(self.model.model.layers, self.layers, strict=True):
+        for layer, weights in zip(self.decoder_layers, self.layers, strict=True):
             attention, mlp = layer.self_attn, layer.mlp
             projections = (attention.q_proj, attention.k_proj, attention.v_proj)
             _pair_rows(targets, sources, weights.qkv, [p.weight for p in projections])

@@ -47,7 +47,12 @@ from reasonctl.rollout.sampling import exponential_race
 from reasonctl.rollout.static.buckets import DEFAULT_GRAPH_BATCH_SIZES, pick_bucket
 from reasonctl.rollout.static.buffers import StepBuffers, record_step
 from reasonctl.rollout.static.cuda_graphs import DecodeGraphs
-from reasonctl.rollout.static.decode_forward import DecodeForward, supports_decode_forward
+from reasonctl.rollout.static.decode_forward import (
+    DecodeForward,
+    is_multimodal,
+    supports_decode_forward,
+    text_config,
+)
 from reasonctl.rollout.static.run import DecodeRun
 from reasonctl.rollout.static.slot_cache import SlotKVCache
 from reasonctl.rollout.stopping import Decode
@@ -56,14 +61,20 @@ LENGTH_ALIGN = 64  # cache lengths are rounded up to this, so nearby requests re
 
 
 def supports_static_decode(model: Any) -> bool:
-    """True for text decoders the static path can drive: SDPA attention on every layer,
-    no sliding windows and no vision tower (those use the dynamic path)."""
+    """True for decoders the static path can drive: SDPA attention on every layer, no
+    sliding windows, and no vision tower unless the dedicated decode step runs the model
+    (Qwen2.5-VL, Qwen3-VL: their vision prompts are prefilled in batches,
+    :mod:`~reasonctl.rollout.static.vision_prefill`); others use the dynamic path."""
     config = getattr(model, "config", None)
-    if config is None or getattr(config, "vision_config", None) is not None:
+    if config is None:
         return False
-    if getattr(config, "_attn_implementation", None) != "sdpa":
+    if getattr(config, "vision_config", None) is not None and not is_multimodal(model):
         return False
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    language = text_config(model)
+    if "sdpa" not in (getattr(config, "_attn_implementation", None),
+                      getattr(language, "_attn_implementation", None)):
+        return False
+    layer_types = getattr(language, "layer_types", None) or ["full_attention"]
     return all(kind == "full_attention" for kind in layer_types)
 
 
@@ -121,6 +132,7 @@ class StaticDecoder:
         """Graphs of :meth:`prefill_slots`, keyed by shape (see the options'
         ``prefill_graphs``)."""
         self._prefill_inputs: dict[tuple, tuple[torch.Tensor, ...]] = {}
+        self._vision_prefill: Any = None
         self._prefill_shapes: set[tuple] = set()  # shapes prefilled eagerly once
         forward = inspect.signature(type(model).forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward else "past_key_values"
@@ -146,10 +158,23 @@ class StaticDecoder:
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def takes_vision(self) -> bool:
+        """True when prompts with images and videos can be decoded here."""
+        return is_multimodal(self.model)
+
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 generator: torch.Generator) -> list[list[Completion]]:
+                 generator: torch.Generator, *, bias: torch.Tensor | None = None,
+                 vision: Sequence[dict[str, Any] | None] | None = None
+                 ) -> list[list[Completion]]:
         """``params.n`` completions per prompt (token-id lists). Runs under the caller's
-        inference context (no grad, eval mode, autocast)."""
+        inference context (no grad, eval mode, autocast). ``bias`` keeps suppressed tokens
+        from being drawn (:func:`~reasonctl.rollout.sampling.suppression_bias`).
+        ``vision`` holds each prompt's vision inputs (None for text; needs
+        :attr:`takes_vision`)."""
+        if vision is not None and any(v is not None for v in vision) and not self.takes_vision:
+            raise ValueError(f"{type(self.model).__name__}: the static path decodes no "
+                             "prompts with images or videos for this model")
         if not prompts:
             return []
         if min(len(p) for p in prompts) == 0:
@@ -160,7 +185,11 @@ class StaticDecoder:
         dtype = self._compute_dtype()
         self._prepare_step(dtype)
         self._ensure_capacity(slots, -(-needed // LENGTH_ALIGN) * LENGTH_ALIGN, dtype)
-        DecodeRun(self, prompts, params, sequences, slots, generator).execute()
+        assert self.buffers is not None
+        if self.decode_forward is not None:
+            self.decode_forward.rope_offsets = self.buffers.rope_offsets
+        DecodeRun(self, prompts, params, sequences, slots, generator, bias=bias,
+                  vision=vision).execute()
         return group_completions(sequences, len(prompts), self.decode_many)
 
     def bucket(self, rows: int, slots: int) -> int:
@@ -265,7 +294,7 @@ class StaticDecoder:
             slots, max_len = max(slots, self.cache.slots), max(max_len, self.cache.max_len)
         self.cache = self.graphs = self.buffers = None  # free before allocating anew
         self._forget_prefill_graphs()
-        config = self.model.config
+        config = text_config(self.model)
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         self.cache = SlotKVCache(
@@ -352,5 +381,24 @@ class StaticDecoder:
             last_positions = last_positions.index_select(0, source_rows)
         target.index_copy_(0, slots, last.to(target.dtype))
         b.positions.index_copy_(0, slots, last_positions)
+        b.rope_offsets.index_fill_(0, slots, 0)
         b.done.index_fill_(0, slots, False)
         b.generated.index_fill_(0, slots, 0)
+
+    def prefill_vision_slots(self, ids: torch.Tensor, real: torch.Tensor, slots: torch.Tensor,
+                             source_rows: torch.Tensor | None, lengths: torch.Tensor,
+                             vision: Sequence[dict[str, Any] | None], *, head: bool) -> None:
+        """:meth:`prefill_slots` for prompts of which some hold images or videos
+        (``vision``: each row's vision inputs, None for text): one batched prefill through
+        the model's forward pass (:mod:`~reasonctl.rollout.static.vision_prefill`), never
+        a captured graph."""
+        assert self.cache is not None and self.buffers is not None
+        if self._vision_prefill is None:
+            from reasonctl.rollout.static.vision_prefill import VisionPrefill
+
+            self._vision_prefill = VisionPrefill(self.model, self._cache_kwarg)
+        device = self._device
+        self._vision_prefill.run(
+            ids.to(device), real.to(device), slots.to(device),
+            None if source_rows is None else source_rows.to(device), lengths.to(device),
+            vision, self.cache, self.buffers, head=head)

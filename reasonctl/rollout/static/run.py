@@ -67,6 +67,12 @@ class Decoder(Protocol):
         """Prefill left-padded prompts into cache slots."""
         ...
 
+    def prefill_vision_slots(self, ids: torch.Tensor, real: torch.Tensor, slots: torch.Tensor,
+                             source_rows: torch.Tensor | None, lengths: torch.Tensor,
+                             vision: Sequence[dict[str, Any] | None], *, head: bool) -> None:
+        """Prefill left-padded prompts, some with images or videos, into cache slots."""
+        ...
+
 
 @dataclass
 class Window:
@@ -87,7 +93,8 @@ class DecodeRun:
 
     def __init__(self, decoder: Decoder, prompts: Sequence[Sequence[int]],
                  params: SamplingParams, sequences: list[GeneratingRow], slots: int,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator, *, bias: torch.Tensor | None = None,
+                 vision: Sequence[dict[str, Any] | None] | None = None) -> None:
         assert decoder.cache is not None and decoder.buffers is not None
         self.decoder = decoder
         self.cache = decoder.cache
@@ -97,6 +104,10 @@ class DecodeRun:
         self.sequences = sequences
         self.slots = slots
         self.generator = generator
+        self.bias = bias
+        """Suppressed tokens (``-inf``) for every draw, or None."""
+        self.vision = vision
+        """Each prompt's vision inputs (None for text), or None when no prompt has any."""
         self.device = self.buffers.logits.device
         self.eos = torch.tensor(decoder.eos_token_ids, device=self.device)
         self.eos_set = set(decoder.eos_token_ids)
@@ -210,13 +221,16 @@ class DecodeRun:
                 tokens, logprobs = head_sample(b.hidden[:batch],
                                                self.decoder.decode_forward.lm_head,
                                                params.temperature, seed, pdl=self.pdl,
-                                               fast_log=self.decoder.options.fast_logarithm)
+                                               fast_log=self.decoder.options.fast_logarithm,
+                                               bias=self.bias)
             else:
-                tokens, logprobs = race_sample(b.logits[:batch], params.temperature, seed)
+                tokens, logprobs = race_sample(b.logits[:batch], params.temperature, seed,
+                                               bias=self.bias)
         else:
             tokens, logprobs = sample_tokens(
                 b.logits[:batch], temperature=params.temperature, top_k=params.top_k,
                 top_p=params.top_p, generator=self.generator, race=self.decoder.race,
+                bias=self.bias,
             )
         record = record_tokens if self.fused_record else self.decoder.record
         extra = {"seed": self.seed, "pdl": self.pdl} if self.fused_record else {}
@@ -311,6 +325,11 @@ class DecodeRun:
         # None: each prompt fills one slot, in order (no gather needed)
         source_rows = None if rows == list(range(len(distinct))) else torch.tensor(rows)
         # what the first step samples from: logits, or hidden states for head sampling
+        vision = None if self.vision is None else [self.vision[i] for i in distinct]
+        if vision is not None and any(v is not None for v in vision):
+            self.decoder.prefill_vision_slots(ids, real, torch.tensor(slots), source_rows,
+                                              lengths, vision, head=not self.head_sampling)
+            return
         self.decoder.prefill_slots(ids, real, torch.tensor(slots), source_rows, lengths,
                                    head=not self.head_sampling)
 

@@ -74,6 +74,8 @@ def request_fields(params: SamplingParams, *, stop_token_ids: Sequence[int],
         "logprobs": 0,
         "skip_special_tokens": True,
     }
+    if params.suppress_token_ids:  # reserved tokens: never sampled (-100 is the API's floor)
+        fields["logit_bias"] = {int(t): -100.0 for t in params.suppress_token_ids}
     if seed is not None:
         fields["seed"] = seed
     return fields

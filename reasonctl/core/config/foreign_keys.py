@@ -1,0 +1,84 @@
+"""Key names users bring from cosmos-rl configs, and reasonctl's key for each.
+
+An unknown key that is one of these gets a hint naming what to write instead; an unknown
+table (``[train.ckpt]``, ``[policy]`` ...) also lists the hints of the keys inside it, so
+one validation run shows how to translate the whole section.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+COSMOS_RL_KEYS: dict[str, str] = {
+    # data
+    "annotation_path": "data.llava.path (data.format = 'llava')",
+    "media_path": "data.<format>.media_root",
+    "dataset": "[data] with data.format (e.g. [data.hf] name/subset/split)",
+    "subset": "data.hf.subset",
+    "train_policy": "[algorithm.sft] / [algorithm.grpo] and [data]",
+    "model_max_length": "model.max_length",
+    # model and run
+    "policy": "[model] (model.name_or_path ...) and [backend]",
+    "model_name_or_path": "model.name_or_path",
+    "output_dir": "run.output_dir",
+    "experiment_name": "run.name",
+    "project_name": "logging.wandb.project",
+    # training
+    "epoch": "train.epochs",
+    "train_batch_per_replica": "train.global_batch_size (all processes together) with "
+                               "train.micro_batch_size",
+    "optm_lr": "train.lr",
+    "optm_weight_decay": "train.weight_decay",
+    "optm_grad_norm_clip": "train.max_grad_norm",
+    "optm_warmup_steps": "train.warmup_steps",
+    "optm_betas": "train.betas",
+    # checkpoints
+    "ckpt": "[checkpoint]",
+    "enable_checkpoint": "checkpoint.every_steps (0 disables periodic checkpoints)",
+    "save_freq": "checkpoint.every_steps",
+    "max_keep": "checkpoint.keep",
+    "save_mode": "checkpoint.async_save = true",
+    "export_safetensors": "checkpoint.export_final (a Hugging Face model directory)",
+    "upload_hf": "checkpoint.upload = ['hf://org/repo']",
+    "hf_repo_name": "checkpoint.upload = ['hf://org/repo']",
+    "upload_s3": "checkpoint.upload = ['s3://bucket/prefix']",
+    "s3_bucket": "checkpoint.upload = ['s3://bucket/prefix']",
+    "s3_prefix": "checkpoint.upload = ['s3://bucket/prefix']",
+    # parallelism
+    "parallelism": "[backend] (backend.name = 'fsdp' and --nproc-per-node N)",
+    "dp_shard_size": "--nproc-per-node N with backend.name = 'fsdp'",
+    "tp_size": "backend.megatron.tp (or backend.fsdp.tp)",
+    "pp_size": "backend.megatron.pp",
+    # RL
+    "n_generation": "rollout.n",
+    "max_response_length": "rollout.max_new_tokens",
+    "mini_batch": "algorithm.grpo.mini_batches",
+}
+"""cosmos-rl key (its last segment) -> where the setting lives in reasonctl."""
+
+
+def foreign_key_hint(key: str, value: Any = None) -> str | None:
+    """The hint for an unknown ``key`` that cosmos-rl users write (``value`` is what the
+    config gave it: for a table, its keys get hints too); ``None`` for other keys."""
+    target = COSMOS_RL_KEYS.get(key)
+    inner = list(_nested_hints(value, ""))
+    if target is None and not inner:
+        return None
+    text = f"cosmos-rl's {key!r} is reasonctl's {target}" if target else \
+        f"this looks like a cosmos-rl section ({key!r})"
+    if inner:
+        text += "; inside it: " + ", ".join(inner)
+    return text
+
+
+def _nested_hints(value: Any, prefix: str) -> list[str]:
+    if not isinstance(value, Mapping):
+        return []
+    out = []
+    for key, inner in value.items():
+        path = f"{prefix}{key}"
+        if key in COSMOS_RL_KEYS:
+            out.append(f"{path} -> {COSMOS_RL_KEYS[key]}")
+        out += _nested_hints(inner, f"{path}.")
+    return out
