@@ -61,6 +61,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--parity-prompts", type=int, default=2)
     parser.add_argument("--parity-tokens", type=int, default=32)
     parser.add_argument("--decode", default="static", choices=["static", "dynamic"])
+    parser.add_argument("--no-fused-kernels", action="store_true",
+                        help="rollout.hf.fused_kernels = false (the stock decode step).")
+    parser.add_argument("--skip-text", action="store_true", help="Video prompts only.")
     parser.add_argument("--out", default="/tmp/reasonctl-bench")
     return parser.parse_args()
 
@@ -81,7 +84,8 @@ def setup(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
         "data": data_values(data, args.size),
         "rollout": {"engine": "hf", "n": args.n, "temperature": 1.0,
                     "max_new_tokens": args.new_tokens,
-                    "hf": {"decode": args.decode, "max_batch_size": args.prompts * args.n}},
+                    "hf": {"decode": args.decode, "max_batch_size": args.prompts * args.n,
+                           "fused_kernels": not args.no_fused_kernels}},
     })
     ctx.processor = build_processor(ctx)
     ctx.engine = build_rollout_engine(ctx)
@@ -178,11 +182,19 @@ def main() -> None:
         **environment(),
     }
     free_memory()
-    log("--- text prompts")
-    text_rate, _ = timed_rollouts(engine, text_prompts, params, args.repeats)
-    summary["text_tokens_per_s"] = text_rate
-    summary["text_decode"] = engine.last_stats.decode
-    log(f"text: {text_rate:.0f} tokens/s ({engine.last_stats.decode})")
+    text_rate = 0.0
+    if not args.skip_text:
+        from reasonctl.data.processing import EncodedSample
+
+        log("--- text prompts")
+        text_rate, text_groups = timed_rollouts(engine, text_prompts, params, args.repeats)
+        summary["text_tokens_per_s"] = text_rate
+        summary["text_decode"] = engine.last_stats.decode
+        log(f"text: {text_rate:.0f} tokens/s ({engine.last_stats.decode})")
+        summary["text_logprob_gap"] = logprob_gap(
+            backend, processor,
+            [EncodedSample(list(p["input_ids"]), [0] * len(p["input_ids"]), {})
+             for p in text_prompts], text_groups)
     log("--- video prompts")
     video_rate, groups = timed_rollouts(engine, video_prompts, params, args.repeats)
     summary["video_tokens_per_s"] = video_rate
