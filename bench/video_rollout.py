@@ -112,9 +112,11 @@ def timed_rollouts(engine: Any, prompts: list[dict[str, Any]], params: Any, repe
     return statistics.median(rates), groups
 
 
-def greedy_parity(model: Any, engine: Any, encoded: list[Any], args: argparse.Namespace
+def greedy_parity(backend: Any, engine: Any, encoded: list[Any], args: argparse.Namespace
                   ) -> dict[str, Any]:
-    """The engine's greedy tokens against ``generate(do_sample=False)`` per prompt."""
+    """The engine's greedy tokens against ``generate(do_sample=False)`` per prompt, under
+    the backend's autocast as the engine runs (compute dtype on both sides)."""
+    model = backend.hf_model
     from reasonctl.core.types import SamplingParams
 
     prompts = encoded[: args.parity_prompts]
@@ -127,7 +129,7 @@ def greedy_parity(model: Any, engine: Any, encoded: list[Any], args: argparse.Na
             inputs[key] = value.view(1, -1) if key == "mm_token_type_ids" else value
         device = next(model.parameters()).device
         inputs = {k: v.to(device) for k, v in inputs.items()}
-        with torch.no_grad():
+        with torch.no_grad(), backend.autocast():
             out = model.generate(**inputs, attention_mask=torch.ones_like(inputs["input_ids"]),
                                  max_new_tokens=args.parity_tokens, do_sample=False)
         reference = out[0, len(prompt.input_ids):].tolist()
@@ -233,7 +235,7 @@ def main() -> None:
     summary["peak_mem_gb"] = peak_memory_gb()
     log(f"video: {video_rate:.0f} tokens/s ({engine.last_stats.decode}), "
         f"{summary['video_over_text']:.2f} of text")
-    summary["greedy_parity"] = greedy_parity(backend.hf_model, engine, encoded, args)
+    summary["greedy_parity"] = greedy_parity(backend, engine, encoded, args)
     gaps = logprob_gap(backend, processor, encoded, groups)
     summary["logprob_gap"] = gaps.pop("gap")
     summary.update(gaps)
