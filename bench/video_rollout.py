@@ -15,7 +15,10 @@ Each side warms up twice untimed (graph capture), then runs ``--repeats`` times 
 tokens/s counts generated tokens over wall time. Also reported: which decode path ran,
 greedy parity of the video prompts with ``generate`` (``--parity-prompts`` prompts,
 ``--parity-tokens`` tokens), the log-prob gap of sampled video completions against the
-trainer's recomputation (``backend.token_outputs``), and peak GPU memory.
+trainer's recomputation (``backend.token_outputs``), each side's log-prob gap against a
+plain forward pass of the full sequence without autocast (float32 weights:
+``engine_vs_float32``, ``trainer_vs_float32``, which tell which side strays), and peak GPU
+memory.
 
     python -m bench.video_rollout --model qwen2_5_vl
     python -m bench.video_rollout --model qwen3_vl
@@ -109,9 +112,11 @@ def timed_rollouts(engine: Any, prompts: list[dict[str, Any]], params: Any, repe
     return statistics.median(rates), groups
 
 
-def greedy_parity(model: Any, engine: Any, encoded: list[Any], args: argparse.Namespace
+def greedy_parity(backend: Any, engine: Any, encoded: list[Any], args: argparse.Namespace
                   ) -> dict[str, Any]:
-    """The engine's greedy tokens against ``generate(do_sample=False)`` per prompt."""
+    """The engine's greedy tokens against ``generate(do_sample=False)`` per prompt, under
+    the backend's autocast as the engine runs (compute dtype on both sides)."""
+    model = backend.hf_model
     from reasonctl.core.types import SamplingParams
 
     prompts = encoded[: args.parity_prompts]
@@ -124,7 +129,7 @@ def greedy_parity(model: Any, engine: Any, encoded: list[Any], args: argparse.Na
             inputs[key] = value.view(1, -1) if key == "mm_token_type_ids" else value
         device = next(model.parameters()).device
         inputs = {k: v.to(device) for k, v in inputs.items()}
-        with torch.no_grad():
+        with torch.no_grad(), backend.autocast():
             out = model.generate(**inputs, attention_mask=torch.ones_like(inputs["input_ids"]),
                                  max_new_tokens=args.parity_tokens, do_sample=False)
         reference = out[0, len(prompt.input_ids):].tolist()
@@ -136,13 +141,19 @@ def greedy_parity(model: Any, engine: Any, encoded: list[Any], args: argparse.Na
     return {"identical": same, "of": len(prompts), "first_difference": first_difference}
 
 
-def logprob_gap(backend: Any, processor: Any, encoded: list[Any], groups: list[Any]) -> float:
-    """The largest engine-vs-trainer log-prob difference of the sampled video completions
-    (first completion of each prompt)."""
+def logprob_gap(backend: Any, processor: Any, encoded: list[Any], groups: list[Any]
+                ) -> dict[str, float]:
+    """The largest log-prob differences of the sampled video completions (first
+    completion of each prompt): engine vs trainer (``backend.token_outputs``, the
+    ``gap``), and each of them vs a plain forward pass of the full sequence without
+    autocast (the float32 weights the backend keeps: ``engine_vs_float32`` and
+    ``trainer_vs_float32``), which says which side strays from the model."""
     from reasonctl.data.collate import collate_shared_media
     from reasonctl.data.processing import EncodedSample
 
-    rows, spans = [], []
+    model = backend.hf_model
+    device = next(model.parameters()).device
+    out = {"gap": 0.0, "engine_vs_float32": 0.0, "trainer_vs_float32": 0.0}
     for prompt, group in zip(encoded, groups, strict=True):
         completion = group[0]
         count = len(completion.token_ids)
@@ -150,16 +161,35 @@ def logprob_gap(backend: Any, processor: Any, encoded: list[Any], groups: list[A
         types = extras.get("mm_token_type_ids")
         if types is not None:
             extras["mm_token_type_ids"] = torch.cat([types, types.new_zeros(count)])
-        rows.append(EncodedSample(prompt.input_ids + completion.token_ids,
-                                  [0] * len(prompt.input_ids) + [1] * count, extras))
-        spans.append((slice(len(prompt.input_ids) - 1, len(prompt.input_ids) - 1 + count),
-                      torch.tensor(completion.logprobs)))
-    gap = 0.0
-    for index, (row, (span, engine)) in enumerate(zip(rows, spans, strict=True)):
-        del index
-        outputs = backend.token_outputs(collate_shared_media([row], processor.pad_id))
-        gap = max(gap, float((outputs.logprobs[0, span].float().cpu() - engine).abs().max()))
-    return gap
+        ids = prompt.input_ids + completion.token_ids
+        row = EncodedSample(ids, [0] * len(prompt.input_ids) + [1] * count, extras)
+        span = slice(len(prompt.input_ids) - 1, len(prompt.input_ids) - 1 + count)
+        engine = torch.tensor(completion.logprobs)
+        trainer = backend.token_outputs(collate_shared_media([row], processor.pad_id)
+                                        ).logprobs[0, span].float().cpu()
+        inputs: dict[str, Any] = {"input_ids": torch.tensor([ids]),
+                                  "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
+        for key, value in extras.items():
+            inputs[key] = value.view(1, -1) if key == "mm_token_type_ids" else value
+        with torch.no_grad():
+            hidden = backend_decoder(model)(**{k: v.to(device) for k, v in inputs.items()}
+                                            ).last_hidden_state[0, span]
+            logits = model.get_output_embeddings()(hidden).float()
+            target = torch.tensor(ids[1:], device=device)[span].view(-1, 1)
+            exact = logits.log_softmax(-1).gather(-1, target).view(-1).cpu()
+        out["gap"] = max(out["gap"], float((trainer - engine).abs().max()))
+        out["engine_vs_float32"] = max(out["engine_vs_float32"],
+                                       float((engine - exact).abs().max()))
+        out["trainer_vs_float32"] = max(out["trainer_vs_float32"],
+                                        float((trainer - exact).abs().max()))
+    return out
+
+
+def backend_decoder(model: Any) -> Any:
+    """The model's base module (hidden states without the output head's full logits)."""
+    from reasonctl.backends.token_logprobs import decoder_of
+
+    return decoder_of(model)
 
 
 def main() -> None:
@@ -191,10 +221,12 @@ def main() -> None:
         summary["text_tokens_per_s"] = text_rate
         summary["text_decode"] = engine.last_stats.decode
         log(f"text: {text_rate:.0f} tokens/s ({engine.last_stats.decode})")
-        summary["text_logprob_gap"] = logprob_gap(
+        text_gaps = logprob_gap(
             backend, processor,
             [EncodedSample(list(p["input_ids"]), [0] * len(p["input_ids"]), {})
              for p in text_prompts], text_groups)
+        summary["text_logprob_gap"] = text_gaps.pop("gap")
+        summary.update({f"text_{k}": v for k, v in text_gaps.items()})
     log("--- video prompts")
     video_rate, groups = timed_rollouts(engine, video_prompts, params, args.repeats)
     summary["video_tokens_per_s"] = video_rate
@@ -203,8 +235,10 @@ def main() -> None:
     summary["peak_mem_gb"] = peak_memory_gb()
     log(f"video: {video_rate:.0f} tokens/s ({engine.last_stats.decode}), "
         f"{summary['video_over_text']:.2f} of text")
-    summary["greedy_parity"] = greedy_parity(backend.hf_model, engine, encoded, args)
-    summary["logprob_gap"] = logprob_gap(backend, processor, encoded, groups)
+    summary["greedy_parity"] = greedy_parity(backend, engine, encoded, args)
+    gaps = logprob_gap(backend, processor, encoded, groups)
+    summary["logprob_gap"] = gaps.pop("gap")
+    summary.update(gaps)
     backend.close()
     emit(summary)
 
