@@ -62,7 +62,7 @@ class LatentNorm:
 
 @reasonctl.hookimpl
 def register_rewards(register: Any) -> None:
-    register("brightness", Brightness)
+    register("mean_brightness", Brightness)
     register("latent_norm", LatentNorm)
 
 

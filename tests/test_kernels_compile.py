@@ -27,7 +27,7 @@ def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
                           timeout=600, cwd=Path(__file__).parent.parent)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("compiled ")]
-    assert len(lines) == 25, proc.stdout  # every variant built below
+    assert len(lines) == 27, proc.stdout  # every variant built below
     for line in lines:
         shared = int(line.rsplit(" ", 1)[1])
         assert shared <= SHARED_MEMORY_LIMIT, line
@@ -83,9 +83,12 @@ def compile_all() -> None:
           num_warps=2, launch_pdl=True)
 
     partial, choose = race_sampling._kernels()
-    build(partial, {"logits_ptr": "*bf16", "seed_ptr": "*i64", "best_ptr": "*fp32",
-                    "row_stride": "i32", "vocab": "i32", "chunks": "i32", "inverse_t": "fp32"},
-          {"CHUNK": race_sampling.CHUNK, "BLOCK": race_sampling.BLOCK}, num_warps=4)
+    for bias in (False, True):  # with and without suppressed tokens
+        build(partial, {"logits_ptr": "*bf16", "seed_ptr": "*i64", "best_ptr": "*fp32",
+                        "bias_ptr": "*fp32", "row_stride": "i32", "vocab": "i32",
+                        "chunks": "i32", "inverse_t": "fp32"},
+              {"CHUNK": race_sampling.CHUNK, "BLOCK": race_sampling.BLOCK, "BIAS": bias},
+              num_warps=4)
     for parts_pad in (64, 4096):  # the race's chunks, the head sampler's tiles
         build(choose, {"partials_ptr": "*fp32", "tokens_ptr": "*i64", "logprobs_ptr": "*fp32",
                        "parts": "i32"}, {"PARTS_PAD": parts_pad, "PDL": True}, num_warps=4)
@@ -150,13 +153,15 @@ def compile_all() -> None:
         "rows": "i32", "max_new_tokens": "i32", "max_position": "i32",
     }, {"ADVANCE_SEED": True, "BLOCK": step_record.BLOCK, "PDL": True}, num_warps=4)
 
-    build(head_sampling._kernels(), {
-        "h_ptr": "*bf16", "w_ptr": "*bf16", "seed_ptr": "*i64", "stats_ptr": "*fp32",
-        "rows": "i32", "vocab": "i32", "depth": "i32", "h_stride": "i32", "tiles": "i32",
-        "inverse_t": "fp32",
-    }, {"BLOCK_M": 64, "QUARTER": head_sampling.TILE // 4, "BLOCK_K": head_sampling.BLOCK_K,
-        "UPCAST": False, "FAST_LOG": True, "PDL": True}, num_warps=head_sampling.NUM_WARPS,
-        num_stages=head_sampling.NUM_STAGES)
+    for bias in (False, True):
+        build(head_sampling._kernels(), {
+            "h_ptr": "*bf16", "w_ptr": "*bf16", "seed_ptr": "*i64", "stats_ptr": "*fp32",
+            "bias_ptr": "*fp32", "rows": "i32", "vocab": "i32", "depth": "i32",
+            "h_stride": "i32", "tiles": "i32", "inverse_t": "fp32",
+        }, {"BLOCK_M": 64, "QUARTER": head_sampling.TILE // 4,
+            "BLOCK_K": head_sampling.BLOCK_K, "UPCAST": False, "FAST_LOG": True, "PDL": True,
+            "BIAS": bias}, num_warps=head_sampling.NUM_WARPS,
+            num_stages=head_sampling.NUM_STAGES)
 
 
 if __name__ == "__main__":

@@ -163,8 +163,8 @@ def test_malformed_arrays_and_pickles_get_400_and_nothing_runs(
         def __reduce__(self) -> Any:
             return (os.mkdir, (str(marker),))
 
-    config = service_config([{"name": "brightness"}, {"name": "choice"}])
-    header = json.dumps({"rewards": ["brightness"], "media_type": "image",
+    config = service_config([{"name": "mean_brightness"}, {"name": "choice"}])
+    header = json.dumps({"rewards": ["mean_brightness"], "media_type": "image",
                          "prompts": ["a"]}).encode() + b"\n"
     objects = np.empty(1, dtype=object)
     objects[0] = Exploit()
@@ -176,10 +176,10 @@ def test_malformed_arrays_and_pickles_get_400_and_nothing_runs(
         "no channel axis": header + npy(np.zeros((1, 4, 4), dtype=np.uint8)),
         "batch mismatch": header + npy(np.zeros((2, 4, 4, 3), dtype=np.uint8)),
         "no array": header,
-        "not json": b"{rewards: brightness}\n",
+        "not json": b"{rewards: mean_brightness}\n",
         "unknown header key": text_body(["choice"], ["A"], rewardz=1),
         "unknown reward": text_body(["choise"], ["A"]),
-        "text to an image reward": text_body(["brightness"], ["A"]),
+        "text to an image reward": text_body(["mean_brightness"], ["A"]),
     }
     with InProcessService(config, registry) as service:
         for case, body in bad.items():
@@ -276,25 +276,25 @@ def test_a_crashed_worker_process_fails_its_requests_and_is_restarted(registry: 
 
 def test_media_rewards_score_images_and_latents_through_the_remote_reward(
         registry: Any, token_env: str) -> None:
-    config = service_config([{"name": "brightness"}, {"name": "latent_norm"}])
+    config = service_config([{"name": "mean_brightness"}, {"name": "latent_norm"}])
     with InProcessService(config, registry) as service:
         images = [np.full((4, 6, 3), value, dtype=np.uint8) for value in (0, 51, 255)]
-        reward = remote(service.url, rewards={"brightness": 1.0}, media_type="image",
+        reward = remote(service.url, rewards={"mean_brightness": 1.0}, media_type="image",
                         chunk_size=2)
         assert isinstance(reward, reasonctl.ScoresMedia) and reward.media_type == "image"
         assert reward(images, [sample()] * 3) == pytest.approx([0.0, 0.2, 1.0])
         latents = [np.full((2, 3, 4), -0.5, dtype=np.float16), np.ones((2, 3, 4), np.float16)]
         reward = remote(service.url, rewards={"latent_norm": 1.0}, media_type="latent")
         assert reward(latents, [sample()] * 2) == pytest.approx([0.5, 1.0])
-        video = remote(service.url, rewards={"brightness": 1.0}, media_type="video",
+        video = remote(service.url, rewards={"mean_brightness": 1.0}, media_type="video",
                        on_error="raise")
         with pytest.raises(RewardError, match=r"videos are uint8 \[T, H, W, 3\]"):
             video([np.zeros((4, 6, 3), np.uint8)], [sample()])
-        image_header = json.dumps({"rewards": ["brightness"], "media_type": "image",
+        image_header = json.dumps({"rewards": ["mean_brightness"], "media_type": "image",
                                    "prompts": ["a"]}).encode() + b"\n"
         ok = httpx.post(service.url + ENQUEUE, headers=AUTH,
                         content=image_header + npy(np.full((1, 2, 2, 3), 255, np.uint8)))
-        assert wait_result(service.url, ok.json()["uuid"])["scores"]["brightness"] == [1.0]
+        assert wait_result(service.url, ok.json()["uuid"])["scores"]["mean_brightness"] == [1.0]
 
 
 def test_deadlines_fail_late_requests_and_results_expire(
