@@ -85,7 +85,7 @@ class RolloutWorker:
              name: str | None = None, overrides: list[str] | None = None,
              connect_timeout_s: float = 10.0) -> RolloutWorker:
         """Connect to run ``run_id`` at ``url`` and build the engine on ``device``."""
-        from reasonctl.core.composition import build_rollout_engine
+        from reasonctl.core.composition import build_processor, build_rollout_engine
         from reasonctl.models.loading import ensure_model_source
 
         transport = Transport.open(url, run_id, timeout_s=connect_timeout_s)
@@ -102,6 +102,7 @@ class RolloutWorker:
 
             torch.cuda.set_device(target)
         ensure_model_source(ctx)
+        ctx.processor = build_processor(ctx)  # the tokens a rollout never samples
         engine = build_rollout_engine(ctx)
         return cls(transport, ctx, engine, name=name or default_name())
 
@@ -154,7 +155,8 @@ class RolloutWorker:
             sync_ms = self._sync()
             assert self.version is not None
             started = time.perf_counter()
-            params = sampling_params(self.ctx.config, seed=batch.seed)
+            params = sampling_params(self.ctx.config, seed=batch.seed,
+                                     processor=self.ctx.processor)
             completions = self.engine.generate(batch.prompts, params)
             result = RolloutBatch(step=batch.step, rank=batch.rank, attempt=batch.attempt,
                                   version=self.version, worker=self.name,
