@@ -4,9 +4,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check reasonctl tests examples bench
-# Without arguments: the default suite; the fault campaign (marker faults) and the vLLM
-# suite (scripts/test_vllm.sh) are steps of their own in .ci/run.
+# Without arguments: the default suite. The end-to-end learning runs (marker slow), the
+# fault campaign (faults) and the vLLM suite (scripts/test_vllm.sh) are steps of their own
+# in .ci/run; `bash scripts/test.sh -m slow` runs the learning runs.
 if [ "$#" -eq 0 ]; then
-  set -- -m "not faults and not vllm"
+  set -- -m "not slow and not faults and not vllm"
 fi
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"
