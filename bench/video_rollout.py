@@ -233,8 +233,9 @@ def main() -> None:
     summary["video_decode"] = engine.last_stats.decode
     summary["video_over_text"] = video_rate / text_rate if text_rate else None
     summary["peak_mem_gb"] = peak_memory_gb()
-    log(f"video: {video_rate:.0f} tokens/s ({engine.last_stats.decode}), "
-        f"{summary['video_over_text']:.2f} of text")
+    ratio = summary["video_over_text"]
+    log(f"video: {video_rate:.0f} tokens/s ({engine.last_stats.decode})"
+        + (f", {ratio:.2f} of text" if ratio is not None else ""))
     summary["greedy_parity"] = greedy_parity(backend, engine, encoded, args)
     gaps = logprob_gap(backend, processor, encoded, groups)
     summary["logprob_gap"] = gaps.pop("gap")
