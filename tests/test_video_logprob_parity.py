@@ -77,12 +77,18 @@ def test_engine_and_trainer_log_probs_of_video_completions_equal_a_plain_forward
                                       [0] * len(prompt.input_ids) + [1] * count, extras))
             spans.append(slice(len(prompt.input_ids) - 1, len(prompt.input_ids) - 1 + count))
             engine_logprobs.append(torch.tensor(completion.logprobs))
+    batch = collate_shared_media(rows, processor.pad_id)
+    # a transformers release without ``mm_encoder_outputs`` gets each row's own pixels
+    per_row = TokenLogprobModel(model)
+    per_row._input_names = per_row._input_names - {"mm_encoder_outputs"}
     with torch.no_grad():
-        trainer, _ = TokenLogprobModel(model)(collate_shared_media(rows, processor.pad_id))
+        trainer, _ = TokenLogprobModel(model)(batch)
+        trainer_per_row, _ = per_row(batch)
         for index, (row, span, reported) in enumerate(
                 zip(rows, spans, engine_logprobs, strict=True)):
             exact = _plain_forward_logprobs(model, row)[span]
             torch.testing.assert_close(reported, exact, atol=2e-4, rtol=0)
             torch.testing.assert_close(trainer[index, span], exact, atol=2e-4, rtol=0)
+            torch.testing.assert_close(trainer_per_row[index, span], exact, atol=2e-4, rtol=0)
     # the distributions are far from uniform, so a wrong position would show
     assert max(float(e.min()) for e in engine_logprobs) < -1.0

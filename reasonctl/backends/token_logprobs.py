@@ -25,7 +25,12 @@ from torch import nn
 
 from reasonctl.backends.lm_head import linear_token_logprobs
 from reasonctl.models.packed_positions import is_packed_media_batch, packed_rope_positions
-from reasonctl.models.shared_media import shared_media_inputs, uses_shared_media
+from reasonctl.models.shared_media import (
+    accepts_encoder_outputs,
+    per_row_media_inputs,
+    shared_media_inputs,
+    uses_shared_media,
+)
 
 if TYPE_CHECKING:
     from reasonctl.backends.context_parallel import ContextParallel
@@ -80,7 +85,10 @@ class TokenLogprobModel(nn.Module):
         if uses_shared_media(batch):  # the vision tower runs once per distinct image/video
             for key in ("pixel_values", "pixel_values_videos"):
                 inputs.pop(key, None)
-            inputs.update(shared_media_inputs(decoder, batch))
+            if accepts_encoder_outputs(self._input_names):
+                inputs.update(shared_media_inputs(decoder, batch))
+            else:
+                inputs.update(per_row_media_inputs(batch))
         head = self.hf_model.get_output_embeddings()
         parallel = self.context_parallel
         if parallel is None:
