@@ -123,8 +123,8 @@ def test_clipped_loss_kl_and_data_terms() -> None:
     loss.backward()
     # transition 2 and 3 are beyond the clip in the direction their advantage pushes
     assert log_prob.grad.tolist() == pytest.approx([-1.0 / 6, 0.0, 0.0])
-    assert metrics["clip_frac"] == pytest.approx(2 / 3)
-    assert metrics["ratio_dev_max"] == pytest.approx(math.exp(0.1) - 1, rel=1e-5)
+    assert float(metrics["clip_frac"]) == pytest.approx(2 / 3)
+    assert float(metrics["ratio_dev_max"]) == pytest.approx(math.exp(0.1) - 1, rel=1e-5)
     mean = torch.zeros(3, 4)
     ref = torch.ones(3, 4)
     std = torch.full((3,), 0.5)
@@ -133,7 +133,7 @@ def test_clipped_loss_kl_and_data_terms() -> None:
     loss, metrics = flow_policy_loss(
         FlowLossParts(torch.zeros(3), old, torch.zeros(3), mean, ref, std, None, data_loss),
         FlowLossSettings(kl_beta=0.5, data_beta=0.1), count=3.0)
-    assert metrics["kl"] == pytest.approx(2.0)  # 1 / (2 * 0.25)
+    assert float(metrics["kl"]) == pytest.approx(2.0)  # 1 / (2 * 0.25)
     assert loss.item() == pytest.approx(0.5 * 2.0 + 0.1 * 1.0)
 
 

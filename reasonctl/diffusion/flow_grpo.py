@@ -50,7 +50,7 @@ from reasonctl.diffusion.losses import (
 from reasonctl.diffusion.rollout import DiffusionParts, reward_media, sample_groups, score
 from reasonctl.diffusion.sampler import SamplingPlan
 from reasonctl.diffusion.sde import flow_schedule
-from reasonctl.diffusion.trajectories import RolloutData, Row
+from reasonctl.diffusion.trajectories import MicroBatches, RolloutData, Row
 
 if TYPE_CHECKING:
     from reasonctl.core.protocols import Backend, Dataset, RunContext
@@ -67,7 +67,9 @@ SHUFFLE_SEED = 7
 class _Stats:
     """What the update's loss function saw, beyond the backend's averaged metrics."""
 
-    ratio_dev_first: float = 0.0
+    ratio_dev_first: torch.Tensor | float = 0.0
+    """The largest ``|ratio - 1|`` of the first optimizer step (a device tensor until the
+    update ends, so reading it costs no sync per micro-batch)."""
     first: bool = True
 
 
@@ -85,6 +87,11 @@ class FlowGRPO:
                                          data_beta=self.data_beta)
         self.evaluator: DiffusionEvaluator | None = None
         self.micro_batch_size = 1
+        self.checkpointing_mode: bool | str = False
+        self.checkpointing_planned: int | None = None
+        """Blocks checkpointed under ``model.gradient_checkpointing = "auto"`` (``None``:
+        not planned yet in this process)."""
+        self.log: Any = None
 
     @property
     def data_beta(self) -> float:
@@ -133,6 +140,8 @@ class FlowGRPO:
         else:
             ctx.total_steps = config.train.epochs * math.ceil(len(dataset) / cfg.prompts_per_step)
         self.micro_batch_size = config.train.micro_batch_size
+        self.checkpointing_mode = config.model.gradient_checkpointing
+        self.log = ctx.info
         dtype = compute_dtype(config.model.dtype, backend.device)
         text = TextConditioner(adapter, device=backend.device, dtype=dtype,
                                max_tokens=cfg.max_text_tokens, allow_pickle=_allow_pickle(ctx))
@@ -316,8 +325,10 @@ class FlowGRPO:
                 for key, value in metrics.items():
                     sums[key] = sums.get(key, 0.0) + float(value)
         out = {k: v / updates for k, v in sums.items()}
-        out["ratio_dev_first"] = stats.ratio_dev_first
+        out["ratio_dev_first"] = float(stats.ratio_dev_first)
         out["update/optimizer_steps"] = float(updates)
+        if self.checkpointing_planned is not None:
+            out["update/checkpointed_blocks"] = float(self.checkpointing_planned)
         out.pop("ratio_dev_max", None)
         return out
 
@@ -328,12 +339,22 @@ class FlowGRPO:
         if backend.world_size > 1:
             count = backend.all_reduce_mean({"rows": count})["rows"] * backend.world_size
         size = self.micro_batch_size
-        micro_batches = [data.batch(rows[i:i + size]) for i in range(0, len(rows), size)]
+        micro_batches = MicroBatches(data, rows, size)
         forward = make_forward(self.parts.adapter, guidance_scale=self.config.guidance_scale,
                                dtype=self.parts.dtype)
         settings = self.settings
         first = stats.first
         stats.first = False
+        if self.checkpointing_planned is None \
+                and self.checkpointing_mode == "auto" and len(rows) >= 2:
+            from reasonctl.diffusion.checkpointing import plan_for_backend
+
+            self.checkpointing_planned = plan_for_backend(
+                backend, forward, lambda n: data.batch(rows[:n]), size=min(size, len(rows)))
+            if self.checkpointing_planned is not None and self.log is not None:
+                self.log(f"model.gradient_checkpointing = auto: "
+                         f"{self.checkpointing_planned} block(s) checkpointed for "
+                         f"micro-batches of {min(size, len(rows))} transition(s)")
 
         def loss_fn(outputs: FlowOutputs, batch: FlowBatch) -> tuple[torch.Tensor, Metrics]:
             data_loss = None
@@ -345,7 +366,9 @@ class FlowGRPO:
                                   outputs.mask, data_loss)
             loss, metrics = flow_policy_loss(parts, settings, count=count)
             if first:
-                stats.ratio_dev_first = max(stats.ratio_dev_first, metrics["ratio_dev_max"])
+                stats.ratio_dev_first = torch.maximum(
+                    torch.as_tensor(stats.ratio_dev_first, device=loss.device),
+                    metrics["ratio_dev_max"])
             return loss, metrics
 
         return backend.train_step(micro_batches, loss_fn, forward=forward)

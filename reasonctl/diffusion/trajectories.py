@@ -9,7 +9,7 @@ condition ``K`` times.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -91,3 +91,29 @@ class RolloutData:
             out["data_noise"] = self.data_noise[b]
             out["data_sigma"] = self.data_sigma[b, k]
         return out
+
+
+class MicroBatches(Sequence[FlowBatch]):
+    """The micro-batches of ``size`` transitions of ``rows``, each assembled when the
+    update reaches it (one micro-batch's gathered inputs alive at a time, not the whole
+    optimizer step's)."""
+
+    def __init__(self, data: RolloutData, rows: Sequence[Row], size: int) -> None:
+        if size < 1:
+            raise ValueError(f"micro-batch size must be positive (got {size})")
+        self.data = data
+        self.rows = list(rows)
+        self.size = size
+
+    def __len__(self) -> int:
+        return -(-len(self.rows) // self.size)
+
+    def __getitem__(self, index: int) -> FlowBatch:  # type: ignore[override]
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        index %= len(self)
+        return self.data.batch(self.rows[index * self.size:(index + 1) * self.size])
+
+    def __iter__(self) -> Iterator[FlowBatch]:
+        for index in range(len(self)):
+            yield self[index]
