@@ -8,8 +8,10 @@ import torch
 
 from reasonctl.diffusion.checkpointing import (
     ActivationProfile,
+    CheckpointPlan,
     checkpoint_blocks,
     fewest_checkpointed,
+    largest_uncheckpointed,
     plan_checkpointing,
     transformer_blocks,
 )
@@ -71,15 +73,20 @@ def test_the_plan_checkpoints_the_fewest_blocks_that_fit() -> None:
     assert profile.need(3, 4) == 5400.0 - 3 * 360.0 + 400.0
     assert fewest_checkpointed(profile, 4, 5000.0) == 3
     assert fewest_checkpointed(profile, 4, 100.0) == 10  # never fits: every block
+    # 1000 + n * 1050 + 200 <= 4000: two transitions fit with nothing checkpointed
+    assert largest_uncheckpointed(profile, 4000.0, 4) == 2
+    assert largest_uncheckpointed(profile, 100.0, 4) == 0
+    line = CheckpointPlan(3, 10, 2).describe(4)
+    assert "3 of 10 block(s)" in line and "train.micro_batch_size = 2 would need none" in line
 
 
 def test_auto_on_a_cpu_keeps_every_activation() -> None:
     model = _wan(2)
     model.enable_gradient_checkpointing()
     optimizer = torch.optim.AdamW(model.parameters())
-    count = plan_checkpointing(model, optimizer, lambda n: None, size=4,
-                               device=torch.device("cpu"))
-    assert count == 0 and not model.gradient_checkpointing
+    plan = plan_checkpointing(model, optimizer, lambda n: None, size=4,
+                              device=torch.device("cpu"))
+    assert (plan.checkpointed, plan.blocks) == (0, 2) and not model.gradient_checkpointing
 
 
 def test_auto_is_a_valid_setting_and_other_strings_are_not() -> None:

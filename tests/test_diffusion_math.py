@@ -230,3 +230,31 @@ def test_compiled_blocks_can_serve_sampling_passes(monkeypatch: pytest.MonkeyPat
         model(*args)
     model(*args)[0].sum().backward()
     assert calls == [False, False, True, True]
+
+
+def test_vae_batch_auto_codes_everything_at_once_and_halves_when_memory_runs_out() -> None:
+    from reasonctl.diffusion.adapters.base import ChunkedVaeCodec
+
+    class Codec(ChunkedVaeCodec):
+        fits = 2
+        calls: list[int] = []
+
+        def encode_chunk(self, frames: torch.Tensor) -> torch.Tensor:
+            return frames.float()
+
+        def decode_chunk(self, latents: torch.Tensor) -> torch.Tensor:
+            self.calls.append(len(latents))
+            if len(latents) > self.fits:
+                raise torch.cuda.OutOfMemoryError("out of memory")
+            return latents * 2
+
+    latents = torch.arange(5.0).view(5, 1)
+    auto = Codec(None, torch.device("cpu"), torch.float32, batch=0)
+    assert auto.decode(latents).flatten().tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
+    assert auto.calls == [5, 2, 2, 1] and auto.fitted == 2
+    auto.calls.clear()
+    auto.decode(latents)
+    assert auto.calls == [2, 2, 1]  # the size that fit is kept
+    fixed = Codec(None, torch.device("cpu"), torch.float32, batch=3)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        fixed.decode(latents)  # an explicit size is the user's: no silent change

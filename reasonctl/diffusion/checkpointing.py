@@ -10,6 +10,7 @@ for backward and what the rest of the model keeps, and picks the fewest checkpoi
 blocks whose activations, for the micro-batch size, fit in the device memory still free
 after gradients and optimizer state (with a tenth of the device kept spare). Under FSDP
 every rank measures and the largest count wins, so all ranks recompute the same blocks.
+The probe runs eagerly under ``train.compile`` (no recompilation for its batch sizes).
 On a device without allocator statistics (the CPU) ``auto`` keeps every activation.
 
 :func:`checkpoint_blocks` applies a choice through diffusers'
@@ -85,6 +86,12 @@ def fewest_checkpointed(profile: ActivationProfile, size: int, budget: float) ->
     return profile.blocks
 
 
+def largest_uncheckpointed(profile: ActivationProfile, budget: float, limit: int) -> int:
+    """The most transitions (up to ``limit``) one forward pass can take with no block
+    checkpointed within ``budget`` bytes (0: not even one)."""
+    return max((n for n in range(1, limit + 1) if profile.need(0, n) <= budget), default=0)
+
+
 def measure(model: nn.Module, blocks: Sequence[nn.Module], run: Callable[[int], Any],
             device: torch.device) -> ActivationProfile:
     """Profile ``run(n)`` (the forward pass with gradients of ``n`` transitions, whose
@@ -153,29 +160,48 @@ def free_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, device: torch
     return float(available - pending - SPARE_FRACTION * total)
 
 
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """What :func:`plan_checkpointing` chose: ``checkpointed`` blocks of ``blocks``, and
+    ``fits_without``, the largest micro-batch that would need none (``None``: not measured)."""
+
+    checkpointed: int
+    blocks: int
+    fits_without: int | None = None
+
+    def describe(self, size: int) -> str:
+        """A line for the run's log."""
+        text = (f"model.gradient_checkpointing = auto: {self.checkpointed} of {self.blocks} "
+                f"block(s) checkpointed for micro-batches of {size} transition(s)")
+        if self.checkpointed and self.fits_without:
+            text += (f"; train.micro_batch_size = {self.fits_without} would need none "
+                     "(no recomputation, usually faster)")
+        return text
+
+
 def plan_checkpointing(model: nn.Module, optimizer: torch.optim.Optimizer,
                        run: Callable[[int], Any], *, size: int, device: torch.device
-                       ) -> int:
-    """Measure, choose and apply the checkpointed blocks (see the module docstring);
-    return how many are checkpointed."""
+                       ) -> CheckpointPlan:
+    """Measure, choose and apply the checkpointed blocks (see the module docstring)."""
     blocks = transformer_blocks(model)
     if not blocks:
-        return 0
+        return CheckpointPlan(0, 0)
     if device.type != "cuda":
         checkpoint_blocks(model, ())
-        return 0
+        return CheckpointPlan(0, len(blocks))
     profile = measure(model, blocks, run, device)
-    count = fewest_checkpointed(profile, size, free_bytes(model, optimizer, device))
+    budget = free_bytes(model, optimizer, device)
+    count = fewest_checkpointed(profile, size, budget)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         value = torch.tensor([count], device=device)
         torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
         count = int(value.item())
     checkpoint_blocks(model, blocks[:count])
-    return count
+    return CheckpointPlan(count, len(blocks), largest_uncheckpointed(profile, budget, size))
 
 
 def plan_for_backend(backend: Any, forward: Callable[[Any, Any], Any],
-                     batch: Callable[[int], Any], *, size: int) -> int | None:
+                     batch: Callable[[int], Any], *, size: int) -> CheckpointPlan | None:
     """:func:`plan_checkpointing` on a torch backend's transformer, profiling
     ``forward(model, batch(n))`` in training mode under the backend's autocast; ``None``
     when the backend does not expose its model and optimizer (checkpointing stays on)."""
@@ -189,7 +215,9 @@ def plan_for_backend(backend: Any, forward: Callable[[Any, Any], Any],
     def run(n: int) -> Any:
         model.train()
         inputs = backend.to_device(batch(n)) if hasattr(backend, "to_device") else batch(n)
-        with torch.enable_grad(), autocast():
+        # eagerly: compiled blocks would recompile for these batch sizes (and eager keeps
+        # at least what compiled code keeps, so the estimate errs on the safe side)
+        with torch.compiler.set_stance("force_eager"), torch.enable_grad(), autocast():
             return forward(model, inputs)
 
     return plan_checkpointing(model, optimizer, run, size=size, device=backend.device)

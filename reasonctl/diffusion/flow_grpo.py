@@ -349,12 +349,12 @@ class FlowGRPO:
                 and self.checkpointing_mode == "auto" and len(rows) >= 2:
             from reasonctl.diffusion.checkpointing import plan_for_backend
 
-            self.checkpointing_planned = plan_for_backend(
-                backend, forward, lambda n: data.batch(rows[:n]), size=min(size, len(rows)))
-            if self.checkpointing_planned is not None and self.log is not None:
-                self.log(f"model.gradient_checkpointing = auto: "
-                         f"{self.checkpointing_planned} block(s) checkpointed for "
-                         f"micro-batches of {min(size, len(rows))} transition(s)")
+            plan = plan_for_backend(backend, forward, lambda n: data.batch(rows[:n]),
+                                    size=min(size, len(rows)))
+            if plan is not None:
+                self.checkpointing_planned = plan.checkpointed
+                if self.log is not None:
+                    self.log(plan.describe(min(size, len(rows))))
 
         def loss_fn(outputs: FlowOutputs, batch: FlowBatch) -> tuple[torch.Tensor, Metrics]:
             data_loss = None
