@@ -13,7 +13,10 @@ checkpoints every block (``--reference-checkpointing``); reasonctl follows
 ``--checkpointing`` (``true``, ``false`` or ``auto``: only the blocks memory needs, measured
 at the first update); ``--no-checkpointing`` turns both off. reasonctl decodes
 ``--vae-batch`` clips per VAE call (0, its default: all, halved on out-of-memory); the
-reference decodes one at a time.
+reference decodes one at a time. reasonctl's attention prefers cuDNN's kernel on Hopper
+(``--cudnn-attention``, its default ``auto``); the reference keeps PyTorch's SDPA order
+(FlashAttention first), and ``logprob_max_abs_diff`` re-scores with PyTorch's order too,
+so it compares the math on the same kernels.
 
 reasonctl runs through the user path (``reasonctl.run`` with a config; ``--backend fsdp
 --nproc N`` launches ``reasonctl run --nproc-per-node N``); the figure is its mean
@@ -87,6 +90,8 @@ def parse_args() -> argparse.Namespace:
                         help="reasonctl clips decoded per VAE call (vae_batch_size; 0: auto).")
     parser.add_argument("--checkpointing", default="true", choices=["true", "false", "auto"],
                         help="reasonctl's model.gradient_checkpointing.")
+    parser.add_argument("--cudnn-attention", default="auto", choices=["auto", "true", "false"],
+                        help="reasonctl's cudnn_attention (auto: cuDNN first on Hopper).")
     parser.add_argument("--reference-checkpointing", default="true", choices=["true", "false"])
     parser.add_argument("--no-checkpointing", action="store_true",
                         help="Both sides without gradient checkpointing.")
@@ -174,7 +179,9 @@ def reasonctl_config(out: Path, model_dir: Path, embedding: Path,
             "prompts_per_step": args.nproc, "height": args.height, "width": args.width,
             "frames": args.frames, "sample_steps": args.sample_steps,
             "train_steps": list(range(args.train_steps)), "noise_level": 0.7,
-            "vae_batch_size": args.vae_batch}},
+            "vae_batch_size": args.vae_batch,
+            "cudnn_attention": {"true": True, "false": False,
+                                "auto": "auto"}[args.cudnn_attention]}},
         "rollout": {"n": args.group},
         "train": {"lr": args.lr, "max_steps": args.iters,
                   "micro_batch_size": args.micro_batch or args.group, "compile": args.compile},
@@ -284,7 +291,7 @@ def main() -> None:
                   "train_steps": args.train_steps},
         "backend": args.backend, "nproc": args.nproc, "param_dtype": args.param_dtype,
         "compile": args.compile, "vae_batch": args.vae_batch,
-        "checkpointing": args.checkpointing,
+        "checkpointing": args.checkpointing, "cudnn_attention": args.cudnn_attention,
         "reference_checkpointing": args.reference_checkpointing == "true",
         **environment(),
     }

@@ -54,6 +54,10 @@ def test_partial_checkpointing_recomputes_only_the_chosen_blocks_with_equal_grad
     counts[:] = [0, 0, 0]
     partial = _grads(model, marks)
     assert counts == [2, 2, 1]  # checkpointed blocks run again in backward
+    checkpoint_blocks(model, blocks[1:], prefer_cudnn=True)  # recomputed under the preference
+    counts[:] = [0, 0, 0]
+    preferred = _grads(model, marks)
+    assert counts == [1, 2, 2]
     checkpoint_blocks(model, ())
     counts[:] = [0, 0, 0]
     _grads(model, marks)
@@ -61,6 +65,19 @@ def test_partial_checkpointing_recomputes_only_the_chosen_blocks_with_equal_grad
     assert plain.keys() == partial.keys()
     for name, grad in plain.items():
         torch.testing.assert_close(partial[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(preferred[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_cudnn_attention_is_preferred_only_where_asked_and_keeps_the_output() -> None:
+    from reasonctl.diffusion.attention import attention_context, prefers_cudnn
+
+    cpu = torch.device("cpu")
+    assert not any(prefers_cudnn(s, cpu) for s in (True, False, "auto"))
+    q = torch.randn(1, 2, 6, 8)
+    plain = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    with attention_context(True):
+        preferred = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    torch.testing.assert_close(preferred, plain)
 
 
 def test_the_plan_checkpoints_the_fewest_blocks_that_fit() -> None:

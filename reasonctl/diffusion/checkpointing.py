@@ -20,6 +20,7 @@ checkpoints the chosen blocks and calls the others directly.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,16 +40,25 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
             if any(cls.__name__ in names for cls in type(m).__mro__)]
 
 
-def checkpoint_blocks(model: nn.Module, chosen: Collection[nn.Module]) -> None:
-    """Checkpoint exactly the blocks ``chosen`` of a diffusers transformer (none: off)."""
+def checkpoint_blocks(model: nn.Module, chosen: Collection[nn.Module], *,
+                      prefer_cudnn: bool = False) -> None:
+    """Checkpoint exactly the blocks ``chosen`` of a diffusers transformer (none: off);
+    ``prefer_cudnn`` recomputes them under the same attention preference as the forward
+    (:mod:`.attention`)."""
+    from reasonctl.diffusion.attention import attention_context
+
     if not chosen:
         model.disable_gradient_checkpointing()  # type: ignore[operator]
         return
     ids = {id(block) for block in chosen}
 
+    def contexts() -> tuple[Any, Any]:
+        return contextlib.nullcontext(), attention_context(prefer_cudnn)
+
     def call(block: nn.Module, *args: Any) -> Any:
         if id(block) in ids:
-            return torch.utils.checkpoint.checkpoint(block.__call__, *args, use_reentrant=False)
+            return torch.utils.checkpoint.checkpoint(block.__call__, *args, use_reentrant=False,
+                                                     context_fn=contexts)
         return block(*args)
 
     model.enable_gradient_checkpointing(call)  # type: ignore[operator]
@@ -180,8 +190,8 @@ class CheckpointPlan:
 
 
 def plan_checkpointing(model: nn.Module, optimizer: torch.optim.Optimizer,
-                       run: Callable[[int], Any], *, size: int, device: torch.device
-                       ) -> CheckpointPlan:
+                       run: Callable[[int], Any], *, size: int, device: torch.device,
+                       prefer_cudnn: bool = False) -> CheckpointPlan:
     """Measure, choose and apply the checkpointed blocks (see the module docstring)."""
     blocks = transformer_blocks(model)
     if not blocks:
@@ -196,12 +206,13 @@ def plan_checkpointing(model: nn.Module, optimizer: torch.optim.Optimizer,
         value = torch.tensor([count], device=device)
         torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
         count = int(value.item())
-    checkpoint_blocks(model, blocks[:count])
+    checkpoint_blocks(model, blocks[:count], prefer_cudnn=prefer_cudnn)
     return CheckpointPlan(count, len(blocks), largest_uncheckpointed(profile, budget, size))
 
 
 def plan_for_backend(backend: Any, forward: Callable[[Any, Any], Any],
-                     batch: Callable[[int], Any], *, size: int) -> CheckpointPlan | None:
+                     batch: Callable[[int], Any], *, size: int,
+                     prefer_cudnn: bool = False) -> CheckpointPlan | None:
     """:func:`plan_checkpointing` on a torch backend's transformer, profiling
     ``forward(model, batch(n))`` in training mode under the backend's autocast; ``None``
     when the backend does not expose its model and optimizer (checkpointing stays on)."""
@@ -220,4 +231,13 @@ def plan_for_backend(backend: Any, forward: Callable[[Any, Any], Any],
         with torch.compiler.set_stance("force_eager"), torch.enable_grad(), autocast():
             return forward(model, inputs)
 
-    return plan_checkpointing(model, optimizer, run, size=size, device=backend.device)
+    return plan_checkpointing(model, optimizer, run, size=size, device=backend.device,
+                              prefer_cudnn=prefer_cudnn)
+
+
+def recompute_with_preference(backend: Any) -> None:
+    """Re-install a torch backend's checkpointing (when on) so that recomputed blocks prefer
+    cuDNN attention like their forward pass (their saved tensors must match)."""
+    model = getattr(backend, "hf_model", None)
+    if model is not None and getattr(model, "gradient_checkpointing", False):
+        checkpoint_blocks(model, transformer_blocks(model), prefer_cudnn=True)

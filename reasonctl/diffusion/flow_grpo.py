@@ -39,6 +39,7 @@ from reasonctl.core.errors import ConfigError, ReasonctlError
 from reasonctl.core.protocols import RunsForward
 from reasonctl.core.types import Metrics, Sample
 from reasonctl.data.datasets import shard
+from reasonctl.diffusion.attention import prefers_cudnn
 from reasonctl.diffusion.batches import FlowOutputs, make_forward
 from reasonctl.diffusion.losses import (
     FlowLossParts,
@@ -92,6 +93,7 @@ class FlowGRPO:
         """Blocks checkpointed under ``model.gradient_checkpointing = "auto"`` (``None``:
         not planned yet in this process)."""
         self.log: Any = None
+        self.prefer_cudnn = False
 
     @property
     def data_beta(self) -> float:
@@ -147,9 +149,14 @@ class FlowGRPO:
                                max_tokens=cfg.max_text_tokens, allow_pickle=_allow_pickle(ctx))
         self.parts = DiffusionParts(backend, adapter, text, dtype, cfg.frames, cfg.height,
                                     cfg.width, media_type, cfg.vae_batch_size)
+        self.prefer_cudnn = prefers_cudnn(cfg.cudnn_attention, backend.device)
+        if self.prefer_cudnn:
+            from reasonctl.diffusion.checkpointing import recompute_with_preference
+
+            recompute_with_preference(backend)
         shift = cfg.shift or adapter.shift()
         self.plan = SamplingPlan(flow_schedule(cfg.sample_steps, shift), cfg.noise_level,
-                                 cfg.guidance_scale)
+                                 cfg.guidance_scale, prefer_cudnn=self.prefer_cudnn)
         if config.eval.every_steps:
             self.evaluator = self._evaluator(ctx, shift)
 
@@ -192,7 +199,8 @@ class FlowGRPO:
         if not prompts:
             dataset = _dataset(ctx)
             prompts = [prompt_text(dataset[i]) for i in range(min(4, len(dataset)))]
-        plan = SamplingPlan(flow_schedule(cfg.eval_steps, shift), 0.0, cfg.guidance_scale)
+        plan = SamplingPlan(flow_schedule(cfg.eval_steps, shift), 0.0, cfg.guidance_scale,
+                            prefer_cudnn=self.prefer_cudnn)
         return DiffusionEvaluator(prompts, plan, cfg.eval_seed, cfg.negative_prompt)
 
     # --- rollout ----------------------------------------------------------------------------
@@ -289,7 +297,7 @@ class FlowGRPO:
         assert self.parts is not None
         parts = self.parts
         forward = make_forward(parts.adapter, guidance_scale=self.config.guidance_scale,
-                               dtype=parts.dtype)
+                               dtype=parts.dtype, prefer_cudnn=self.prefer_cudnn)
         traj = data.trajectories
         assert traj.states is not None
         means = torch.empty_like(traj.states)
@@ -341,7 +349,7 @@ class FlowGRPO:
         size = self.micro_batch_size
         micro_batches = MicroBatches(data, rows, size)
         forward = make_forward(self.parts.adapter, guidance_scale=self.config.guidance_scale,
-                               dtype=self.parts.dtype)
+                               dtype=self.parts.dtype, prefer_cudnn=self.prefer_cudnn)
         settings = self.settings
         first = stats.first
         stats.first = False
@@ -350,7 +358,7 @@ class FlowGRPO:
             from reasonctl.diffusion.checkpointing import plan_for_backend
 
             plan = plan_for_backend(backend, forward, lambda n: data.batch(rows[:n]),
-                                    size=min(size, len(rows)))
+                                    size=min(size, len(rows)), prefer_cudnn=self.prefer_cudnn)
             if plan is not None:
                 self.checkpointing_planned = plan.checkpointed
                 if self.log is not None:
