@@ -214,8 +214,11 @@ def test_compiled_blocks_can_serve_sampling_passes(monkeypatch: pytest.MonkeyPat
     from reasonctl.diffusion.policy import load_transformer
 
     calls: list[bool] = []
+    options: list[dict] = []
 
-    def fake_compile(fn):  # records whether a pass with or without gradients used it
+    def fake_compile(fn, **kwargs):  # records whether a pass with or without gradients used it
+        options.append(kwargs)
+
         def run(*args, **kwargs):
             calls.append(torch.is_grad_enabled())
             return fn(*args, **kwargs)
@@ -230,6 +233,7 @@ def test_compiled_blocks_can_serve_sampling_passes(monkeypatch: pytest.MonkeyPat
         model(*args)
     model(*args)[0].sum().backward()
     assert calls == [False, False, True, True]
+    assert options == [{"dynamic": False}]  # one static graph per shape (sampling, training)
 
 
 def test_vae_batch_auto_codes_everything_at_once_and_halves_when_memory_runs_out() -> None:
