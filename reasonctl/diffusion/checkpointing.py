@@ -113,19 +113,20 @@ def measure(model: nn.Module, blocks: Sequence[nn.Module], run: Callable[[int], 
         marks: dict[str, float] = {}
         inputs: list[float] = []
 
-        def before(module: nn.Module, args: tuple[Any, ...], marks: dict[str, float] = marks,
-                   inputs: list[float] = inputs) -> None:
+        def before(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   marks: dict[str, float] = marks, inputs: list[float] = inputs) -> None:
             if "first" in marks:  # a block called twice (CFG, DDRL's data pass): keep the first
                 return
             marks["first"] = float(torch.cuda.memory_allocated(device))
-            if args and isinstance(args[0], torch.Tensor):
-                inputs.append(float(args[0].nelement() * args[0].element_size()))
+            first = args[0] if args else kwargs.get("hidden_states")
+            if isinstance(first, torch.Tensor):
+                inputs.append(float(first.nelement() * first.element_size()))
 
         def after(module: nn.Module, args: tuple[Any, ...], output: Any,
                   marks: dict[str, float] = marks) -> None:
             marks.setdefault("last", float(torch.cuda.memory_allocated(device)))
 
-        hooks = [blocks[0].register_forward_pre_hook(before),
+        hooks = [blocks[0].register_forward_pre_hook(before, with_kwargs=True),
                  blocks[-1].register_forward_hook(after)]
         torch.cuda.synchronize(device)
         start = float(torch.cuda.memory_allocated(device))
