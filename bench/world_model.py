@@ -8,8 +8,15 @@ encoder is loaded), a group of ``--group`` samples at ``--height`` x ``--width``
 ``--frames``, ``--sample-steps`` SDE denoising steps of which the first
 ``--train-steps`` train, brightness of the decoded frames as the reward, group-normalised
 advantages, the clipped loss (1e-4), one AdamW step per iteration; float32 parameters under
-bfloat16 autocast with gradient checkpointing (reasonctl's defaults) unless the flags
-say otherwise.
+bfloat16 autocast on both sides unless ``--param-dtype compute``. The reference
+checkpoints every block (``--reference-checkpointing``); reasonctl follows
+``--checkpointing`` (``true``, ``false`` or ``auto``: only the blocks memory needs, measured
+at the first update); ``--no-checkpointing`` turns both off. reasonctl decodes
+``--vae-batch`` clips per VAE call (0, its default: all, halved on out-of-memory); the
+reference decodes one at a time. reasonctl's attention prefers cuDNN's kernel on Hopper
+(``--cudnn-attention``, its default ``auto``); the reference keeps PyTorch's SDPA order
+(FlashAttention first), and ``logprob_max_abs_diff`` re-scores with PyTorch's order too,
+so it compares the math on the same kernels.
 
 reasonctl runs through the user path (``reasonctl.run`` with a config; ``--backend fsdp
 --nproc N`` launches ``reasonctl run --nproc-per-node N``); the figure is its mean
@@ -19,6 +26,7 @@ the reference's recorded per-step log-probabilities with reasonctl's re-scoring 
 transitions under the same weights.
 
     python -m bench.world_model --model wan1.3b
+    python -m bench.world_model --model wan1.3b --checkpointing auto --compile
     python -m bench.world_model --model wan1.3b --compile --vae-batch 8 --param-dtype compute
     python -m bench.world_model --model cosmos2b --frames 13
     python -m bench.world_model --model cosmos2b --backend fsdp --nproc 4 --impls reasonctl
@@ -78,14 +86,22 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--param-dtype", default="float32", choices=["float32", "compute"])
     parser.add_argument("--compile", action="store_true",
                         help="reasonctl train.compile (training and sampling passes).")
-    parser.add_argument("--vae-batch", type=int, default=1,
-                        help="reasonctl clips decoded per VAE call (vae_batch_size).")
-    parser.add_argument("--no-checkpointing", action="store_true")
+    parser.add_argument("--vae-batch", type=int, default=0,
+                        help="reasonctl clips decoded per VAE call (vae_batch_size; 0: auto).")
+    parser.add_argument("--checkpointing", default="true", choices=["true", "false", "auto"],
+                        help="reasonctl's model.gradient_checkpointing.")
+    parser.add_argument("--cudnn-attention", default="auto", choices=["auto", "true", "false"],
+                        help="reasonctl's cudnn_attention (auto: cuDNN first on Hopper).")
+    parser.add_argument("--reference-checkpointing", default="true", choices=["true", "false"])
+    parser.add_argument("--no-checkpointing", action="store_true",
+                        help="Both sides without gradient checkpointing.")
     parser.add_argument("--backend", default="single", choices=["single", "fsdp"])
     parser.add_argument("--nproc", type=int, default=1)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--out", default="/tmp/reasonctl-bench-world-model")
     args = parser.parse_args()
+    if args.no_checkpointing:
+        args.checkpointing = args.reference_checkpointing = "false"
     if args.size == "tiny":
         args.height = args.width = 32
         args.frames, args.group, args.sample_steps, args.train_steps = 5, 4, 4, 2
@@ -98,6 +114,8 @@ def build_model_dir(root: Path, args: argparse.Namespace) -> Path:
     target = root / f"{args.model}-{args.size}"
     if (target / "model_index.json").is_file():
         return target
+    if args.no_checkpointing:
+        args.checkpointing = args.reference_checkpointing = "false"
     if args.size == "tiny":
         from reasonctl.diffusion.tiny import make_tiny_pipeline_dir
 
@@ -154,13 +172,16 @@ def reasonctl_config(out: Path, model_dir: Path, embedding: Path,
     return {
         "run": {"output_dir": str(out), "seed": 0},
         "model": {"name_or_path": str(model_dir), "dtype": "bfloat16" if cuda else "float32",
-                  "gradient_checkpointing": not args.no_checkpointing},
+                  "gradient_checkpointing": {"true": True, "false": False,
+                                             "auto": "auto"}[args.checkpointing]},
         "data": {"format": "jsonl", "jsonl": {"path": str(prompts)}},
         "algorithm": {"name": "flow_grpo", "flow_grpo": {
             "prompts_per_step": args.nproc, "height": args.height, "width": args.width,
             "frames": args.frames, "sample_steps": args.sample_steps,
             "train_steps": list(range(args.train_steps)), "noise_level": 0.7,
-            "vae_batch_size": args.vae_batch}},
+            "vae_batch_size": args.vae_batch,
+            "cudnn_attention": {"true": True, "false": False,
+                                "auto": "auto"}[args.cudnn_attention]}},
         "rollout": {"n": args.group},
         "train": {"lr": args.lr, "max_steps": args.iters,
                   "micro_batch_size": args.micro_batch or args.group, "compile": args.compile},
@@ -200,6 +221,7 @@ def run_reasonctl(root: Path, model_dir: Path, embedding: Path,
         "update_s": statistics.fmean(r["time/update_s"] for r in timed),
         "peak_gb": max(r.get("peak_mem_gb", 0.0) for r in rows),
         "ratio_dev_first": max(r["ratio_dev_first"] for r in rows),
+        "checkpointed_blocks": rows[-1].get("update/checkpointed_blocks"),
         "reward_mean": [r["reward/mean"] for r in rows],
     }
 
@@ -213,7 +235,7 @@ def run_reference(model_dir: Path, embeds: torch.Tensor, args: argparse.Namespac
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     free_memory()
     loop = ReferenceLoop(model_dir, device=device, lr=args.lr,
-                         checkpointing=not args.no_checkpointing)
+                         checkpointing=args.reference_checkpointing == "true")
     shape = adapter_for(model_dir).latent_shape(args.frames, args.height, args.width)
     group = embeds[None].expand(args.group, -1, -1).to(device)
     train = list(range(args.train_steps))
@@ -269,7 +291,8 @@ def main() -> None:
                   "train_steps": args.train_steps},
         "backend": args.backend, "nproc": args.nproc, "param_dtype": args.param_dtype,
         "compile": args.compile, "vae_batch": args.vae_batch,
-        "checkpointing": not args.no_checkpointing,
+        "checkpointing": args.checkpointing, "cudnn_attention": args.cudnn_attention,
+        "reference_checkpointing": args.reference_checkpointing == "true",
         **environment(),
     }
     if "reasonctl" in impls:

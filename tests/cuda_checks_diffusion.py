@@ -89,6 +89,35 @@ def test_bf16_runs_rescore_their_rollouts(family: str, pipelines: dict[str, Path
     assert rows[0]["kl"] < 1e-4 and all(r["peak_mem_gb"] > 0 for r in rows)
 
 
+def test_auto_checkpointing_measures_the_blocks_and_keeps_them_when_memory_allows(
+        pipelines: dict[str, Path], tmp_path: Path) -> None:
+    from reasonctl.diffusion.checkpointing import measure, transformer_blocks
+    from reasonctl.diffusion.policy import load_transformer
+
+    device = torch.device("cuda")
+    model = load_transformer(pipelines["wan"], dtype=torch.float32, device=device)
+    blocks = transformer_blocks(model)
+
+    def run(n: int) -> torch.Tensor:
+        latents = torch.randn(n, 4, 3, 32, 32, device=device)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return model(hidden_states=latents, timestep=torch.full((n,), 500.0, device=device),
+                         encoder_hidden_states=torch.randn(n, 8, 32, device=device),
+                         return_dict=False)[0]
+
+    profile = measure(model, blocks, run, device)
+    print(profile)
+    assert profile.blocks == len(blocks) > 0 and profile.per_block > 0
+    assert 0 < profile.block_input < profile.per_block
+    assert profile.need(0, 4) > profile.need(len(blocks), 4)  # checkpointing saves memory
+    config = _cuda(run_config(tmp_path, pipelines["wan"], frames=9, steps=2))
+    config["model"]["gradient_checkpointing"] = "auto"
+    reasonctl.run(config)
+    rows = metrics(tmp_path)
+    assert all(r["update/checkpointed_blocks"] == 0 for r in rows)  # a tiny model fits
+    assert all(r["ratio_dev_first"] < 2e-2 for r in rows)
+
+
 def test_lora_on_one_process_fsdp_matches_single(pipelines: dict[str, Path],
                                                  tmp_path: Path) -> None:
     rows = {}

@@ -123,8 +123,8 @@ def test_clipped_loss_kl_and_data_terms() -> None:
     loss.backward()
     # transition 2 and 3 are beyond the clip in the direction their advantage pushes
     assert log_prob.grad.tolist() == pytest.approx([-1.0 / 6, 0.0, 0.0])
-    assert metrics["clip_frac"] == pytest.approx(2 / 3)
-    assert metrics["ratio_dev_max"] == pytest.approx(math.exp(0.1) - 1, rel=1e-5)
+    assert float(metrics["clip_frac"]) == pytest.approx(2 / 3)
+    assert float(metrics["ratio_dev_max"]) == pytest.approx(math.exp(0.1) - 1, rel=1e-5)
     mean = torch.zeros(3, 4)
     ref = torch.ones(3, 4)
     std = torch.full((3,), 0.5)
@@ -133,7 +133,7 @@ def test_clipped_loss_kl_and_data_terms() -> None:
     loss, metrics = flow_policy_loss(
         FlowLossParts(torch.zeros(3), old, torch.zeros(3), mean, ref, std, None, data_loss),
         FlowLossSettings(kl_beta=0.5, data_beta=0.1), count=3.0)
-    assert metrics["kl"] == pytest.approx(2.0)  # 1 / (2 * 0.25)
+    assert float(metrics["kl"]) == pytest.approx(2.0)  # 1 / (2 * 0.25)
     assert loss.item() == pytest.approx(0.5 * 2.0 + 0.1 * 1.0)
 
 
@@ -214,8 +214,11 @@ def test_compiled_blocks_can_serve_sampling_passes(monkeypatch: pytest.MonkeyPat
     from reasonctl.diffusion.policy import load_transformer
 
     calls: list[bool] = []
+    options: list[dict] = []
 
-    def fake_compile(fn):  # records whether a pass with or without gradients used it
+    def fake_compile(fn, **kwargs):  # records whether a pass with or without gradients used it
+        options.append(kwargs)
+
         def run(*args, **kwargs):
             calls.append(torch.is_grad_enabled())
             return fn(*args, **kwargs)
@@ -230,3 +233,32 @@ def test_compiled_blocks_can_serve_sampling_passes(monkeypatch: pytest.MonkeyPat
         model(*args)
     model(*args)[0].sum().backward()
     assert calls == [False, False, True, True]
+    assert options == [{"dynamic": False}]  # one static graph per shape (sampling, training)
+
+
+def test_vae_batch_auto_codes_everything_at_once_and_halves_when_memory_runs_out() -> None:
+    from reasonctl.diffusion.adapters.base import ChunkedVaeCodec
+
+    class Codec(ChunkedVaeCodec):
+        fits = 2
+        calls: list[int] = []
+
+        def encode_chunk(self, frames: torch.Tensor) -> torch.Tensor:
+            return frames.float()
+
+        def decode_chunk(self, latents: torch.Tensor) -> torch.Tensor:
+            self.calls.append(len(latents))
+            if len(latents) > self.fits:
+                raise torch.cuda.OutOfMemoryError("out of memory")
+            return latents * 2
+
+    latents = torch.arange(5.0).view(5, 1)
+    auto = Codec(None, torch.device("cpu"), torch.float32, batch=0)
+    assert auto.decode(latents).flatten().tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
+    assert auto.calls == [5, 2, 2, 1] and auto.fitted == 2
+    auto.calls.clear()
+    auto.decode(latents)
+    assert auto.calls == [2, 2, 1]  # the size that fit is kept
+    fixed = Codec(None, torch.device("cpu"), torch.float32, batch=3)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        fixed.decode(latents)  # an explicit size is the user's: no silent change

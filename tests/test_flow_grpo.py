@@ -86,9 +86,11 @@ def test_video_model_first_ratio_is_one_and_kl_starts_at_zero(
         tmp_path: Path, tiny_pipelines: dict[str, Path]) -> None:  # noqa: F811
     config = run_config(tmp_path, tiny_pipelines["wan"], frames=5, steps=2, kl_beta=0.5,
                         guidance_scale=2.0, negative_prompt="dark")
+    config["model"]["gradient_checkpointing"] = "auto"
     reasonctl.run(config)
     rows = metrics(tmp_path)
     assert all(row["ratio_dev_first"] < 1e-5 for row in rows)
+    assert all(row["update/checkpointed_blocks"] == 0 for row in rows)  # CPU: keep all
     assert rows[0]["kl"] < 1e-6  # the first pass scores with the reference's own weights
     assert rows[-1]["kl"] > 0.0
 

@@ -30,6 +30,8 @@ def compile_blocks(hf_model: nn.Module, *, without_grad: bool = False) -> int:
 
     ``without_grad`` compiles the passes without gradients too: for models whose inference
     shapes do not change from call to call (a diffusion transformer's denoising steps).
+    Those shapes are few (the sampling batch, the training micro-batch), so each gets its
+    own static graph instead of one graph with a symbolic batch size.
     """
     blocks = transformer_blocks(hf_model)
     if not blocks:
@@ -41,7 +43,7 @@ def compile_blocks(hf_model: nn.Module, *, without_grad: bool = False) -> int:
     for block in blocks:
         cls = type(block)
         if cls not in compiled:
-            compiled[cls] = torch.compile(cls.forward)
+            compiled[cls] = torch.compile(cls.forward, dynamic=False if without_grad else None)
         block.forward = _dispatch(block, compiled[cls], without_grad)  # type: ignore[method-assign]
     return len(blocks)
 

@@ -17,6 +17,7 @@ from typing import Any, TypedDict
 import torch
 
 from reasonctl.diffusion.adapters.base import FrameCondition, ModelAdapter, TextCondition
+from reasonctl.diffusion.attention import attention_context
 from reasonctl.diffusion.sampler import guided_velocity
 from reasonctl.diffusion.sde import gaussian_log_prob, sde_mean, transition_std
 
@@ -82,10 +83,16 @@ def frames_of(batch: FlowBatch, noise_key: str = "frame_noise") -> FrameConditio
     return FrameCondition(batch["frame_latents"], batch["frame_indicator"], batch[noise_key])
 
 
-def make_forward(adapter: ModelAdapter, *, guidance_scale: float, dtype: torch.dtype) -> Any:
-    """``forward(model, batch) -> FlowOutputs`` for :meth:`Backend.train_step`."""
+def make_forward(adapter: ModelAdapter, *, guidance_scale: float, dtype: torch.dtype,
+                 prefer_cudnn: bool = False) -> Any:
+    """``forward(model, batch) -> FlowOutputs`` for :meth:`Backend.train_step`
+    (``prefer_cudnn``: cuDNN attention first, :mod:`.attention`)."""
 
     def forward(model: Any, batch: FlowBatch) -> FlowOutputs:
+        with attention_context(prefer_cudnn):
+            return _forward(model, batch)
+
+    def _forward(model: Any, batch: FlowBatch) -> FlowOutputs:
         text, negative = text_of(batch)
         frames = frames_of(batch)
         latents = batch["latents"]

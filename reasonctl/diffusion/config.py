@@ -57,8 +57,13 @@ class FlowGRPOConfig(BaseModel):
     mini_batches: int = Field(default=1, gt=0, description="Optimizer steps per pass.")
     sample_batch_size: int = Field(default=0, ge=0, description="Samples denoised at once "
                                    "(0: all of this rank's).")
-    vae_batch_size: int = Field(default=1, gt=0, description="Samples the VAE decodes (or "
-                                "encodes) at once: more is faster and takes more memory.")
+    vae_batch_size: int = Field(default=0, ge=0, description="Samples the VAE decodes (or "
+                                "encodes) at once: more is faster and takes more memory; 0: "
+                                "all of them, halved while the device runs out of memory.")
+    cudnn_attention: bool | Literal["auto"] = Field(
+        default="auto", description="Put cuDNN attention first in the transformer's SDPA: "
+        "auto on Hopper GPUs (faster there), true on any CUDA GPU, false keeps PyTorch's "
+        "order.")
     max_text_tokens: int | None = Field(default=None, gt=0, description="Text encoder "
                                         "length; default: the model family's.")
     conditional_frames: int = Field(default=0, ge=0, description="Latent frames of each "

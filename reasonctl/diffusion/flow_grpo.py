@@ -39,6 +39,7 @@ from reasonctl.core.errors import ConfigError, ReasonctlError
 from reasonctl.core.protocols import RunsForward
 from reasonctl.core.types import Metrics, Sample
 from reasonctl.data.datasets import shard
+from reasonctl.diffusion.attention import prefers_cudnn
 from reasonctl.diffusion.batches import FlowOutputs, make_forward
 from reasonctl.diffusion.losses import (
     FlowLossParts,
@@ -50,7 +51,7 @@ from reasonctl.diffusion.losses import (
 from reasonctl.diffusion.rollout import DiffusionParts, reward_media, sample_groups, score
 from reasonctl.diffusion.sampler import SamplingPlan
 from reasonctl.diffusion.sde import flow_schedule
-from reasonctl.diffusion.trajectories import RolloutData, Row
+from reasonctl.diffusion.trajectories import MicroBatches, RolloutData, Row
 
 if TYPE_CHECKING:
     from reasonctl.core.protocols import Backend, Dataset, RunContext
@@ -67,7 +68,9 @@ SHUFFLE_SEED = 7
 class _Stats:
     """What the update's loss function saw, beyond the backend's averaged metrics."""
 
-    ratio_dev_first: float = 0.0
+    ratio_dev_first: torch.Tensor | float = 0.0
+    """The largest ``|ratio - 1|`` of the first optimizer step (a device tensor until the
+    update ends, so reading it costs no sync per micro-batch)."""
     first: bool = True
 
 
@@ -85,6 +88,12 @@ class FlowGRPO:
                                          data_beta=self.data_beta)
         self.evaluator: DiffusionEvaluator | None = None
         self.micro_batch_size = 1
+        self.checkpointing_mode: bool | str = False
+        self.checkpointing_planned: int | None = None
+        """Blocks checkpointed under ``model.gradient_checkpointing = "auto"`` (``None``:
+        not planned yet in this process)."""
+        self.log: Any = None
+        self.prefer_cudnn = False
 
     @property
     def data_beta(self) -> float:
@@ -133,14 +142,21 @@ class FlowGRPO:
         else:
             ctx.total_steps = config.train.epochs * math.ceil(len(dataset) / cfg.prompts_per_step)
         self.micro_batch_size = config.train.micro_batch_size
+        self.checkpointing_mode = config.model.gradient_checkpointing
+        self.log = ctx.info
         dtype = compute_dtype(config.model.dtype, backend.device)
         text = TextConditioner(adapter, device=backend.device, dtype=dtype,
                                max_tokens=cfg.max_text_tokens, allow_pickle=_allow_pickle(ctx))
         self.parts = DiffusionParts(backend, adapter, text, dtype, cfg.frames, cfg.height,
                                     cfg.width, media_type, cfg.vae_batch_size)
+        self.prefer_cudnn = prefers_cudnn(cfg.cudnn_attention, backend.device)
+        if self.prefer_cudnn:
+            from reasonctl.diffusion.checkpointing import recompute_with_preference
+
+            recompute_with_preference(backend)
         shift = cfg.shift or adapter.shift()
         self.plan = SamplingPlan(flow_schedule(cfg.sample_steps, shift), cfg.noise_level,
-                                 cfg.guidance_scale)
+                                 cfg.guidance_scale, prefer_cudnn=self.prefer_cudnn)
         if config.eval.every_steps:
             self.evaluator = self._evaluator(ctx, shift)
 
@@ -183,7 +199,8 @@ class FlowGRPO:
         if not prompts:
             dataset = _dataset(ctx)
             prompts = [prompt_text(dataset[i]) for i in range(min(4, len(dataset)))]
-        plan = SamplingPlan(flow_schedule(cfg.eval_steps, shift), 0.0, cfg.guidance_scale)
+        plan = SamplingPlan(flow_schedule(cfg.eval_steps, shift), 0.0, cfg.guidance_scale,
+                            prefer_cudnn=self.prefer_cudnn)
         return DiffusionEvaluator(prompts, plan, cfg.eval_seed, cfg.negative_prompt)
 
     # --- rollout ----------------------------------------------------------------------------
@@ -280,7 +297,7 @@ class FlowGRPO:
         assert self.parts is not None
         parts = self.parts
         forward = make_forward(parts.adapter, guidance_scale=self.config.guidance_scale,
-                               dtype=parts.dtype)
+                               dtype=parts.dtype, prefer_cudnn=self.prefer_cudnn)
         traj = data.trajectories
         assert traj.states is not None
         means = torch.empty_like(traj.states)
@@ -316,8 +333,10 @@ class FlowGRPO:
                 for key, value in metrics.items():
                     sums[key] = sums.get(key, 0.0) + float(value)
         out = {k: v / updates for k, v in sums.items()}
-        out["ratio_dev_first"] = stats.ratio_dev_first
+        out["ratio_dev_first"] = float(stats.ratio_dev_first)
         out["update/optimizer_steps"] = float(updates)
+        if self.checkpointing_planned is not None:
+            out["update/checkpointed_blocks"] = float(self.checkpointing_planned)
         out.pop("ratio_dev_max", None)
         return out
 
@@ -328,12 +347,22 @@ class FlowGRPO:
         if backend.world_size > 1:
             count = backend.all_reduce_mean({"rows": count})["rows"] * backend.world_size
         size = self.micro_batch_size
-        micro_batches = [data.batch(rows[i:i + size]) for i in range(0, len(rows), size)]
+        micro_batches = MicroBatches(data, rows, size)
         forward = make_forward(self.parts.adapter, guidance_scale=self.config.guidance_scale,
-                               dtype=self.parts.dtype)
+                               dtype=self.parts.dtype, prefer_cudnn=self.prefer_cudnn)
         settings = self.settings
         first = stats.first
         stats.first = False
+        if self.checkpointing_planned is None \
+                and self.checkpointing_mode == "auto" and len(rows) >= 2:
+            from reasonctl.diffusion.checkpointing import plan_for_backend
+
+            plan = plan_for_backend(backend, forward, lambda n: data.batch(rows[:n]),
+                                    size=min(size, len(rows)), prefer_cudnn=self.prefer_cudnn)
+            if plan is not None:
+                self.checkpointing_planned = plan.checkpointed
+                if self.log is not None:
+                    self.log(plan.describe(min(size, len(rows))))
 
         def loss_fn(outputs: FlowOutputs, batch: FlowBatch) -> tuple[torch.Tensor, Metrics]:
             data_loss = None
@@ -345,7 +374,9 @@ class FlowGRPO:
                                   outputs.mask, data_loss)
             loss, metrics = flow_policy_loss(parts, settings, count=count)
             if first:
-                stats.ratio_dev_first = max(stats.ratio_dev_first, metrics["ratio_dev_max"])
+                stats.ratio_dev_first = torch.maximum(
+                    torch.as_tensor(stats.ratio_dev_first, device=loss.device),
+                    metrics["ratio_dev_max"])
             return loss, metrics
 
         return backend.train_step(micro_batches, loss_fn, forward=forward)

@@ -62,10 +62,12 @@ class FlowLossParts:
 
 
 def flow_policy_loss(parts: FlowLossParts, settings: FlowLossSettings, *, count: float
-                     ) -> tuple[torch.Tensor, dict[str, float]]:
+                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The micro-batch's share of the objective (its terms summed and divided by ``count``)
     and its metrics: means over the micro-batch's transitions, and ``ratio_dev_max``, the
-    largest ``|ratio - 1|``."""
+    largest ``|ratio - 1|``. Metrics are detached 0-d tensors on the loss's device (the
+    backend reads them once per optimizer step, so the update loop never waits on the
+    device)."""
     log_ratio = parts.log_prob - parts.old_log_prob.to(parts.log_prob)
     ratio = torch.exp(log_ratio)
     adv = parts.advantages.to(ratio)
@@ -75,19 +77,19 @@ def flow_policy_loss(parts: FlowLossParts, settings: FlowLossSettings, *, count:
     loss = policy.sum() / count
     detached = ratio.detach()
     metrics = {
-        "policy_loss": float(policy.detach().mean()),
-        "ratio": float(detached.mean()),
-        "ratio_dev_max": float((detached - 1).abs().max()),
-        "clip_frac": float(((detached - 1).abs() > settings.clip_range).float().mean()),
-        "approx_kl": float((0.5 * log_ratio.detach() ** 2).mean()),
+        "policy_loss": policy.detach().mean(),
+        "ratio": detached.mean(),
+        "ratio_dev_max": (detached - 1).abs().max(),
+        "clip_frac": ((detached - 1).abs() > settings.clip_range).float().mean(),
+        "approx_kl": (0.5 * log_ratio.detach() ** 2).mean(),
     }
     if settings.kl_beta > 0:
         if parts.mean is None or parts.ref_mean is None or parts.std is None:
             raise ValueError("a KL term needs the transition means of policy and reference")
         kl = mean_kl(parts.mean, parts.ref_mean, parts.std, parts.mask)
         loss = loss + settings.kl_beta * kl.sum() / count
-        metrics["kl"] = float(kl.detach().mean())
+        metrics["kl"] = kl.detach().mean()
     if parts.data_loss is not None:
         loss = loss + settings.data_beta * parts.data_loss.sum() / count
-        metrics["data_loss"] = float(parts.data_loss.detach().mean())
+        metrics["data_loss"] = parts.data_loss.detach().mean()
     return loss, metrics

@@ -74,7 +74,8 @@ def prepare_trainable(model: nn.Module, section: ModelSection, *, seed: int,
     With ``section.lora`` only the injected adapters train (initialised from ``seed``, in
     ``trainable_dtype``); without it every parameter trains unless ``model.freeze`` /
     ``model.trainable`` say otherwise. Gradient checkpointing follows
-    ``model.gradient_checkpointing``.
+    ``model.gradient_checkpointing`` (``auto`` checkpoints every block until the first
+    update chooses: :mod:`reasonctl.diffusion.checkpointing`).
     """
     lora = None
     if section.lora is None:
@@ -83,8 +84,11 @@ def prepare_trainable(model: nn.Module, section: ModelSection, *, seed: int,
     else:
         lora = attach_lora(model, section.lora, seed=seed, trainable_dtype=trainable_dtype)
         counts = count_parameters(model)
-    if section.gradient_checkpointing:
-        if not getattr(model, "_supports_gradient_checkpointing", False):
+    if section.gradient_checkpointing:  # "auto" starts checkpointed (.checkpointing)
+        supported = getattr(model, "_supports_gradient_checkpointing", False)
+        if not supported and section.gradient_checkpointing == "auto":
+            return counts, lora
+        if not supported:
             raise ModelLoadError(
                 f"{type(model).__name__} does not support gradient checkpointing; set "
                 "model.gradient_checkpointing = false"

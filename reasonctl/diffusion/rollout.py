@@ -43,7 +43,7 @@ class DiffusionParts:
     height: int
     width: int
     media_type: MediaType
-    vae_batch: int = 1
+    vae_batch: int = 0
     _vae: VaeCodec | None = field(default=None, repr=False)
 
     @property

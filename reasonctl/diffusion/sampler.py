@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from reasonctl.diffusion.adapters.base import FrameCondition, ModelAdapter, TextCondition
+from reasonctl.diffusion.attention import attention_context
 from reasonctl.diffusion.sde import Schedule, ode_step, sde_step
 
 
@@ -32,6 +33,8 @@ class SamplingPlan:
     noise_level: float = 0.0
     guidance_scale: float = 1.0
     record: tuple[int, ...] = ()
+    prefer_cudnn: bool = False
+    """Put cuDNN attention first (:mod:`.attention`)."""
 
     @property
     def guided(self) -> bool:
@@ -106,6 +109,15 @@ def sample(model: Any, adapter: ModelAdapter, plan: SamplingPlan, *,
            dtype: torch.dtype = torch.float32) -> Trajectories:
     """Denoise ``noise`` ``[B, ...]`` (see the module docstring); ``gens`` continue the
     per-sample streams that drew ``noise``. Call without gradients."""
+    with attention_context(plan.prefer_cudnn):
+        return _sample(model, adapter, plan, text=text, noise=noise, gens=gens,
+                       negative=negative, frames=frames, dtype=dtype)
+
+
+def _sample(model: Any, adapter: ModelAdapter, plan: SamplingPlan, *,
+            text: TextCondition, noise: torch.Tensor, gens: Sequence[torch.Generator],
+            negative: TextCondition | None, frames: FrameCondition | None,
+            dtype: torch.dtype) -> Trajectories:
     schedule = plan.schedule
     sigmas = schedule.sigmas.to(noise.device)
     std_devs = schedule.std_dev(plan.noise_level).to(noise.device) \

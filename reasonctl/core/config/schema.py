@@ -143,7 +143,10 @@ class ModelSection(Section):
     tokenizer: str | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     attention: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        default=False, description="Recompute activations in backward to save memory. "
+        "\"auto\": a diffusion transformer checkpoints only the blocks memory needs "
+        "(measured at the first update); a language model checkpoints all (as true).")
     trust_remote_code: bool = False
     max_length: int = Field(default=2048, gt=0)
     freeze: list[str] = Field(default_factory=list, description="Regexes of frozen params.")

@@ -18,6 +18,7 @@ adapters`); they read the pipeline's JSON configs and load weights only when ask
 
 from __future__ import annotations
 
+import html
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -112,6 +113,20 @@ class TextEncoder(ABC):
         """One condition row per prompt (on the encoder's device, in its dtype)."""
 
 
+class PromptEncoder(TextEncoder):
+    """A text encoder made of one tokenizer and one encoder model, ``max_tokens`` long."""
+
+    def __init__(self, tokenizer: Any, encoder: Any, max_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.encoder = encoder
+        self.max_tokens = max_tokens
+
+    @property
+    def device(self) -> torch.device:
+        """Where the encoder's weights are."""
+        return next(self.encoder.parameters()).device
+
+
 class VaeCodec(ABC):
     """Pixel frames to the transformer's (normalised) latents and back."""
 
@@ -122,6 +137,63 @@ class VaeCodec(ABC):
     @abstractmethod
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents -> uint8 ``[B, F, H, W, 3]`` frames on the CPU."""
+
+
+class ChunkedVaeCodec(VaeCodec):
+    """A frozen diffusers VAE that codes ``batch`` samples per call.
+
+    ``batch = 0`` (auto) codes the whole input at once and, when the device runs out of
+    memory, halves the chunk and keeps the size that fits for later calls. Subclasses
+    give the family's scaling in :meth:`encode_chunk` and :meth:`decode_chunk`.
+    """
+
+    def __init__(self, vae: Any, device: torch.device, dtype: torch.dtype,
+                 batch: int = 1) -> None:
+        self.vae = vae
+        self.device = device
+        self.dtype = dtype
+        self.batch = batch
+        self.fitted: int | None = None
+        """With ``batch = 0``: the largest chunk known to fit (``None``: untried)."""
+
+    @abstractmethod
+    def encode_chunk(self, frames: torch.Tensor) -> torch.Tensor:
+        """:meth:`encode` of one chunk."""
+
+    @abstractmethod
+    def decode_chunk(self, latents: torch.Tensor) -> torch.Tensor:
+        """:meth:`decode` of one chunk."""
+
+    @torch.no_grad()
+    def encode(self, frames: torch.Tensor) -> torch.Tensor:
+        """uint8 ``[B, F, H, W, 3]`` frames -> latents (float32), chunk by chunk."""
+        return self._chunked(self.encode_chunk, frames)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Latents -> uint8 ``[B, F, H, W, 3]`` frames on the CPU, chunk by chunk."""
+        return self._chunked(self.decode_chunk, latents)
+
+    def _chunked(self, code: Any, inputs: torch.Tensor) -> torch.Tensor:
+        size = self.batch or self.fitted or len(inputs)
+        out: list[torch.Tensor] = []
+        start = 0
+        while start < len(inputs):
+            part = inputs[start:start + size]
+            failed = False
+            try:
+                out.append(code(part))
+            except torch.cuda.OutOfMemoryError:
+                if self.batch or size == 1:
+                    raise
+                failed = True
+            if failed:  # outside the handler, so the failed call's tensors are released
+                size = max(1, size // 2)
+                self.fitted = size
+                torch.cuda.empty_cache()
+                continue
+            start += len(part)
+        return torch.cat(out)
 
 
 def frames_to_unit(frames: torch.Tensor, device: torch.device, dtype: torch.dtype
@@ -149,6 +221,17 @@ class ModelAdapter(ABC):
     """True for video models (latents ``[C, T, h, w]``), False for image models."""
     default_shift: ClassVar[float] = 3.0
     """Flow shift used when the pipeline's scheduler config names none."""
+    timestep_scale: ClassVar[float] = 1000.0
+    """The transformer's timestep per unit of sigma (1000: ``sigma * 1000``; 1: ``sigma``)."""
+    condition_channels: ClassVar[int] = 0
+    """Transformer input channels beyond the latents (Cosmos' condition mask)."""
+    vae_codec: ClassVar[type[ChunkedVaeCodec]]
+    """The codec :meth:`load_vae` wraps the pipeline's ``vae`` in."""
+    text_encoder: ClassVar[type[PromptEncoder] | None] = None
+    """The encoder :meth:`load_text_encoder` builds from the pipeline's ``tokenizer`` and
+    ``text_encoder`` (``None``: the adapter overrides :meth:`load_text_encoder`)."""
+    default_max_tokens: ClassVar[int] = 512
+    """Text length when ``max_text_tokens`` is unset."""
 
     def __init__(self, model_dir: Path) -> None:
         self.model_dir = Path(model_dir)
@@ -159,9 +242,10 @@ class ModelAdapter(ABC):
     # --- layout ----------------------------------------------------------------------
 
     @property
-    @abstractmethod
     def latent_channels(self) -> int:
-        """Channels of the latents the sampler denoises."""
+        """Channels of the latents the sampler denoises: the transformer's input channels
+        less :attr:`condition_channels`."""
+        return int(self.transformer_config.get("in_channels", 16)) - self.condition_channels
 
     @abstractmethod
     def latent_shape(self, frames: int, height: int, width: int) -> tuple[int, ...]:
@@ -189,6 +273,15 @@ class ModelAdapter(ABC):
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The model's velocity prediction for ``latents`` at noise level ``sigma`` (``[B]``)."""
 
+    def timestep(self, sigma: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
+        """The transformer's float32 timestep for ``sigma`` (``[B]``)."""
+        return sigma.to(latents.device, torch.float32) * self.timestep_scale
+
+    def text_frames_only(self, frames: FrameCondition | None) -> None:
+        """Refuse conditioning frames (text-conditioned models)."""
+        if frames is not None:
+            raise ValueError(f"{self.transformer_class} takes no conditioning frames")
+
     def generated_mask(self, frames: FrameCondition | None) -> torch.Tensor | None:
         """1 on the elements the sampler generates (``None``: all of them)."""
         if frames is None:
@@ -206,16 +299,46 @@ class ModelAdapter(ABC):
     def text_dims(self) -> tuple[int, int | None]:
         """``(D, P)``: the token-embedding width and the pooled width (``None`` if unused)."""
 
-    @abstractmethod
     def load_text_encoder(self, device: torch.device, dtype: torch.dtype,
                           max_tokens: int | None) -> TextEncoder:
-        """The pipeline's text encoder(s), frozen on ``device``."""
+        """The pipeline's ``tokenizer`` and ``text_encoder`` as :attr:`text_encoder`, frozen
+        on ``device``."""
+        from reasonctl.diffusion.pipeline_dir import load_component
+
+        if self.text_encoder is None:
+            raise NotImplementedError(f"{type(self).__name__} names no text encoder")
+        tokenizer = load_component(self.model_dir, "tokenizer")
+        encoder = frozen(load_component(self.model_dir, "text_encoder", torch_dtype=dtype),
+                         device)
+        return self.text_encoder(tokenizer, encoder, max_tokens or self.default_max_tokens)
 
     # --- VAE -------------------------------------------------------------------------------
 
-    @abstractmethod
     def load_vae(self, device: torch.device, dtype: torch.dtype, batch: int = 1) -> VaeCodec:
-        """The pipeline's VAE, frozen on ``device``, coding ``batch`` samples per call."""
+        """The pipeline's ``vae`` as :attr:`vae_codec`, frozen on ``device``, coding
+        ``batch`` samples per call (0: as many as fit)."""
+        from reasonctl.diffusion.pipeline_dir import load_component
+
+        vae = frozen(load_component(self.model_dir, "vae", torch_dtype=dtype), device)
+        return self.vae_codec(vae, device, dtype, batch)
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def stride_problems(self, height: int, width: int, spatial: int,
+                        patch: tuple[int, int]) -> list[str]:
+        """Height and width that are not positive multiples of VAE stride x patch size."""
+        problems = []
+        for name, value, size in (("height", height, patch[0]), ("width", width, patch[1])):
+            stride = spatial * size
+            if value < stride or value % stride:
+                problems.append(f"{name}: {value} is not a positive multiple of {stride} "
+                                f"(VAE stride {spatial} x patch {size})")
+        return problems
+
+
+def clean_prompt(text: str) -> str:
+    """HTML entities unescaped and whitespace collapsed, as the pipelines clean prompts."""
+    return " ".join(html.unescape(html.unescape(text)).split())
 
 
 def read_json(path: Path) -> dict[str, Any]:

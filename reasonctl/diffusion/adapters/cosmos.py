@@ -19,27 +19,18 @@ import torch
 
 from reasonctl.diffusion.adapters.base import (
     FrameCondition,
-    ModelAdapter,
+    PromptEncoder,
     TextCondition,
-    TextEncoder,
-    VaeCodec,
-    frozen,
+    clean_prompt,
 )
-from reasonctl.diffusion.adapters.wan import WanVaeCodec, clean_prompt, wan_vae_factors
-from reasonctl.diffusion.pipeline_dir import load_component
+from reasonctl.diffusion.adapters.video import VideoAdapter
 
-DEFAULT_MAX_TOKENS = 512
 CONDITION_TIMESTEP = 1e-4
 SYSTEM_PROMPT = "You are a helpful assistant who will provide prompts to an image generator."
 
 
-class CosmosTextEncoder(TextEncoder):
+class CosmosTextEncoder(PromptEncoder):
     """Layer-normalised hidden states of all of the encoder's layers, concatenated."""
-
-    def __init__(self, tokenizer: Any, encoder: Any, max_tokens: int) -> None:
-        self.tokenizer = tokenizer
-        self.encoder = encoder
-        self.max_tokens = max_tokens
 
     def _ids(self, prompt: str) -> list[int]:
         conversation = [
@@ -56,49 +47,26 @@ class CosmosTextEncoder(TextEncoder):
     @torch.no_grad()
     def encode(self, prompts: Sequence[str]) -> TextCondition:
         """``[B, max_tokens, layers x hidden]`` embeddings."""
-        device = next(self.encoder.parameters()).device
-        ids = torch.tensor([self._ids(p) for p in prompts], dtype=torch.long, device=device)
+        ids = torch.tensor([self._ids(p) for p in prompts], dtype=torch.long,
+                           device=self.device)
         hidden = self.encoder(ids, output_hidden_states=True).hidden_states
         layers = [(h - h.mean(dim=-1, keepdim=True)) / (h.std(dim=-1, keepdim=True) + 1e-8)
                   for h in hidden[1:]]
         return TextCondition(torch.cat(layers, dim=-1))
 
 
-class CosmosAdapter(ModelAdapter):
+class CosmosAdapter(VideoAdapter):
     """``CosmosTransformer3DModel`` (Cosmos-Predict2.5)."""
 
     transformer_class = "CosmosTransformer3DModel"
-    video = True
     default_shift = 5.0
+    timestep_scale = 1.0
+    condition_channels = 1
+    text_encoder = CosmosTextEncoder
 
     def __init__(self, model_dir: Any) -> None:
         super().__init__(model_dir)
-        self.temporal, self.spatial = wan_vae_factors(self.vae_config)
-        self.patch = tuple(self.transformer_config.get("patch_size", (1, 2, 2)))
         self.padding_mask = bool(self.transformer_config.get("concat_padding_mask", True))
-
-    @property
-    def latent_channels(self) -> int:
-        """``in_channels - 1`` (the last input channel is the condition mask)."""
-        return int(self.transformer_config.get("in_channels", 17)) - 1
-
-    def latent_shape(self, frames: int, height: int, width: int) -> tuple[int, ...]:
-        """``(C, (F - 1) / 4 + 1, H / 8, W / 8)``."""
-        return (self.latent_channels, (frames - 1) // self.temporal + 1,
-                height // self.spatial, width // self.spatial)
-
-    def resolution_problems(self, frames: int, height: int, width: int) -> list[str]:
-        """Frames ``4k + 1``; height and width multiples of VAE stride x patch size."""
-        problems = []
-        if frames < 1 or (frames - 1) % self.temporal:
-            problems.append(f"frames: {frames} is not {self.temporal}k + 1, e.g. "
-                            f"{self.temporal + 1} or {2 * self.temporal + 1}")
-        for name, value, patch in (("height", height, self.patch[1]),
-                                   ("width", width, self.patch[2])):
-            stride = self.spatial * patch
-            if value < stride or value % stride:
-                problems.append(f"{name}: {value} is not a positive multiple of {stride}")
-        return problems
 
     def frame_condition(self, latents: torch.Tensor, count: int, noise: torch.Tensor
                         ) -> FrameCondition:
@@ -116,7 +84,7 @@ class CosmosAdapter(ModelAdapter):
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The pipeline's call: clean conditioning frames, ``timestep = sigma``."""
         batch, _, count, height, width = latents.shape
-        sigma = sigma.to(latents.device, torch.float32)
+        sigma = self.timestep(sigma, latents)
         if frames is None:
             mask = latents.new_zeros(batch, 1, count, height, width, dtype=torch.float32)
             inputs, timestep = latents.float(), sigma
@@ -143,16 +111,3 @@ class CosmosAdapter(ModelAdapter):
         if config.get("use_crossattn_projection"):
             return int(config.get("crossattn_proj_in_channels", 1024)), None
         return int(config.get("text_embed_dim", 1024)), None
-
-    def load_text_encoder(self, device: torch.device, dtype: torch.dtype,
-                          max_tokens: int | None) -> TextEncoder:
-        """The pipeline's tokenizer (with its chat template) and Qwen2.5-VL encoder."""
-        tokenizer = load_component(self.model_dir, "tokenizer")
-        encoder = frozen(load_component(self.model_dir, "text_encoder", torch_dtype=dtype),
-                         device)
-        return CosmosTextEncoder(tokenizer, encoder, max_tokens or DEFAULT_MAX_TOKENS)
-
-    def load_vae(self, device: torch.device, dtype: torch.dtype, batch: int = 1) -> VaeCodec:
-        """The pipeline's ``AutoencoderKLWan``."""
-        vae = frozen(load_component(self.model_dir, "vae", torch_dtype=dtype), device)
-        return WanVaeCodec(vae, device, dtype, batch)

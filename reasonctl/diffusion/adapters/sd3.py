@@ -16,53 +16,42 @@ import torch
 import torch.nn.functional as F
 
 from reasonctl.diffusion.adapters.base import (
+    ChunkedVaeCodec,
     FrameCondition,
     ModelAdapter,
     TextCondition,
     TextEncoder,
-    VaeCodec,
+    clean_prompt,
     frames_to_unit,
     frozen,
     unit_to_frames,
 )
-from reasonctl.diffusion.adapters.wan import clean_prompt
 from reasonctl.diffusion.pipeline_dir import component_spec, load_component
 
 DEFAULT_MAX_TOKENS = 256
 CLIP_TOKENS = 77
 
 
-class SD3VaeCodec(VaeCodec):
+class SD3VaeCodec(ChunkedVaeCodec):
     """``AutoencoderKL`` images with SD3's shift and scale; frames are ``F = 1``."""
 
     def __init__(self, vae: Any, device: torch.device, dtype: torch.dtype,
                  batch: int = 1) -> None:
-        self.vae = vae
-        self.device = device
-        self.dtype = dtype
-        self.batch = batch
+        super().__init__(vae, device, dtype, batch)
         self.scale = float(vae.config.scaling_factor)
         self.shift = float(vae.config.shift_factor or 0.0)
 
-    @torch.no_grad()
-    def encode(self, frames: torch.Tensor) -> torch.Tensor:
+    def encode_chunk(self, frames: torch.Tensor) -> torch.Tensor:
         """uint8 ``[B, 1, H, W, 3]`` -> ``[B, C, h, w]`` (the posterior's mode)."""
-        out = []
-        for part in frames.split(self.batch):
-            x = frames_to_unit(part[:, :1], self.device, self.dtype)[:, :, 0]
-            z = self.vae.encode(x).latent_dist.mode().float()
-            out.append((z - self.shift) * self.scale)
-        return torch.cat(out)
+        x = frames_to_unit(frames[:, :1], self.device, self.dtype)[:, :, 0]
+        z = self.vae.encode(x).latent_dist.mode().float()
+        return (z - self.shift) * self.scale
 
-    @torch.no_grad()
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+    def decode_chunk(self, latents: torch.Tensor) -> torch.Tensor:
         """``[B, C, h, w]`` -> uint8 ``[B, 1, H, W, 3]``."""
-        out = []
-        for part in latents.split(self.batch):
-            z = part.to(self.device, torch.float32) / self.scale + self.shift
-            x = self.vae.decode(z.to(self.dtype), return_dict=False)[0]
-            out.append(unit_to_frames(x.unsqueeze(2)))
-        return torch.cat(out)
+        z = latents.to(self.device, torch.float32) / self.scale + self.shift
+        x = self.vae.decode(z.to(self.dtype), return_dict=False)[0]
+        return unit_to_frames(x.unsqueeze(2))
 
 
 class SD3TextEncoder(TextEncoder):
@@ -106,17 +95,14 @@ class SD3Adapter(ModelAdapter):
     transformer_class = "SD3Transformer2DModel"
     video = False
     default_shift = 3.0
+    vae_codec = SD3VaeCodec
+    default_max_tokens = DEFAULT_MAX_TOKENS
 
     def __init__(self, model_dir: Any) -> None:
         super().__init__(model_dir)
         blocks = self.vae_config.get("block_out_channels", [128, 256, 512, 512])
         self.spatial = 2 ** (len(blocks) - 1)
         self.patch = int(self.transformer_config.get("patch_size", 2))
-
-    @property
-    def latent_channels(self) -> int:
-        """The transformer's input channels."""
-        return int(self.transformer_config.get("in_channels", 16))
 
     def latent_shape(self, frames: int, height: int, width: int) -> tuple[int, ...]:
         """``(C, H / 8, W / 8)``."""
@@ -128,23 +114,17 @@ class SD3Adapter(ModelAdapter):
         if frames != 1:
             problems.append(f"frames: {frames}, but {self.transformer_class} makes images; "
                             "set frames = 1")
-        stride = self.spatial * self.patch
-        for name, value in (("height", height), ("width", width)):
-            if value < stride or value % stride:
-                problems.append(f"{name}: {value} is not a positive multiple of {stride} "
-                                f"(VAE stride {self.spatial} x patch {self.patch})")
-        return problems
+        return problems + self.stride_problems(height, width, self.spatial,
+                                               (self.patch, self.patch))
 
     def velocity(self, model: Any, latents: torch.Tensor, sigma: torch.Tensor,
                  text: TextCondition, *, frames: FrameCondition | None = None,
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``model(latents, sigma * 1000, text, pooled)``."""
-        if frames is not None:
-            raise ValueError("SD3 takes no conditioning frames")
+        self.text_frames_only(frames)
         if text.pooled is None:
             raise ValueError("SD3 needs a pooled text vector (pooled_prompt_embeds)")
-        timestep = sigma.to(latents.device, torch.float32) * 1000.0
-        return model(hidden_states=latents.to(dtype), timestep=timestep,
+        return model(hidden_states=latents.to(dtype), timestep=self.timestep(sigma, latents),
                      encoder_hidden_states=text.embeds.to(latents.device, dtype),
                      pooled_projections=text.pooled.to(latents.device, dtype),
                      return_dict=False)[0]
@@ -168,9 +148,5 @@ class SD3Adapter(ModelAdapter):
             t5 = (load_component(self.model_dir, "tokenizer_3"),
                   frozen(load_component(self.model_dir, "text_encoder_3", torch_dtype=dtype),
                          device))
-        return SD3TextEncoder(clips, t5, self.text_dims()[0], max_tokens or DEFAULT_MAX_TOKENS)
-
-    def load_vae(self, device: torch.device, dtype: torch.dtype, batch: int = 1) -> VaeCodec:
-        """The pipeline's ``AutoencoderKL``."""
-        vae = frozen(load_component(self.model_dir, "vae", torch_dtype=dtype), device)
-        return SD3VaeCodec(vae, device, dtype, batch)
+        return SD3TextEncoder(clips, t5, self.text_dims()[0],
+                              max_tokens or self.default_max_tokens)
