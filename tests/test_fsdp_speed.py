@@ -172,3 +172,24 @@ def test_gradient_clipping_of_shards_takes_one_norm_and_one_scale(
     clipped = torch.linalg.vector_norm(torch.stack(
         [torch.linalg.vector_norm(p.grad.full_tensor()) for p in model.parameters()]))
     assert float(clipped) == pytest.approx(1e-3, rel=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_processes_with_every_lever_follow_the_single_backend(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Two gloo processes with bfloat16 shards, bfloat16 reduction, deeper prefetch and the
+    last block kept gathered take the single backend's steps (``param_dtype = "compute"``)."""
+    from tests.test_fsdp import launch
+
+    config = write_run_files(tmp_path, tiny_model_dir)
+    common = ("model.dtype='bfloat16'", "checkpoint.every_steps=0")
+    single = run_in_process(config, f"run.output_dir={tmp_path / 'single'}", *common,
+                            "backend.name=single", "backend.single.param_dtype='compute'")
+    assert single.status == "completed"
+    sets = [arg for item in (*common, *LEVERS) for arg in ("--set", item)]
+    launch(config, tmp_path / "fsdp2", *sets)
+    want, got = losses(tmp_path / "single"), losses(tmp_path / "fsdp2")
+    assert want.keys() == got.keys()
+    for step, value in want.items():
+        assert got[step] == pytest.approx(value, rel=2e-2), step
