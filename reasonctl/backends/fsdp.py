@@ -32,6 +32,8 @@ the single backend) keeps float32 shards and optimizer state and computes in
 away in bfloat16). Gradients are reduced in float32 unless ``reduce_dtype = "compute"``.
 Each block's all-gather is issued ``prefetch`` blocks ahead in forward and backward, and
 the last block keeps its gathered weights after forward (backward needs them at once).
+``gradient_sync = "last_micro_batch"`` reduces gradients once per step instead of after
+every micro-batch (unsharded gradients are kept meanwhile: more memory).
 
 A diffusers pipeline directory trains its diffusion transformer the same way (its
 ``_no_split_modules`` blocks sharded, the transformer itself the root; no ``tp``), with
@@ -93,11 +95,15 @@ class FSDPBackend(TorchBackend):
                  reshard_after_forward: bool = True,
                  param_dtype: Literal["float32", "compute"] = "float32",
                  reduce_dtype: Literal["float32", "compute"] = "float32",
-                 prefetch: int = 1, chunk_tokens: int, export_shard_size: str) -> None:
+                 prefetch: int = 1,
+                 gradient_sync: Literal["every_micro_batch", "last_micro_batch"]
+                 = "every_micro_batch",
+                 chunk_tokens: int, export_shard_size: str) -> None:
         super().__init__(chunk_tokens=chunk_tokens, export_shard_size=export_shard_size)
         self.param_dtype_mode = param_dtype
         self.reduce_dtype_mode = reduce_dtype
         self.prefetch = prefetch
+        self.gradient_sync = gradient_sync
         self.dp_replicate = dp_replicate
         self.dp_shard = dp_shard
         self.tp = tp
@@ -376,6 +382,12 @@ class FSDPBackend(TorchBackend):
             dist.barrier()  # no rank tears down its gloo threads while a peer still talks
             dist.destroy_process_group()
         self._owns_process_group = False
+
+    def _before_micro_batch(self, *, last: bool) -> None:
+        """With ``gradient_sync = "last_micro_batch"`` gradients accumulate unsharded on
+        each rank and are reduced once, in the step's last backward."""
+        if self.gradient_sync == "last_micro_batch" and isinstance(self.policy, FSDPModule):
+            self.policy.set_requires_gradient_sync(last)
 
     def _reshard(self) -> None:
         policy = self.policy

@@ -56,6 +56,12 @@ class FSDPBackendConfig(BaseModel):
         description="Blocks whose weights are gathered ahead of use in forward and backward "
         "(more overlap, one more gathered block of memory each); 0: FSDP's implicit order.",
     )
+    gradient_sync: Literal["every_micro_batch", "last_micro_batch"] = Field(
+        default="every_micro_batch",
+        description="When gradients are reduced over ranks: after every micro-batch, or "
+        "once after the step's last (fewer reductions; full-size gradients kept on every "
+        "rank until then).",
+    )
     logprob_chunk_tokens: int = Field(
         default=2048, gt=0,
         description="Tokens per chunk of the output projection + log-softmax.",
@@ -79,6 +85,7 @@ def build_fsdp_backend(config: FSDPBackendConfig | None, **_: Any) -> Any:
         param_dtype=config.param_dtype,
         reduce_dtype=config.reduce_dtype,
         prefetch=config.prefetch,
+        gradient_sync=config.gradient_sync,
         chunk_tokens=config.logprob_chunk_tokens,
         export_shard_size=config.export_shard_size,
     )
