@@ -14,8 +14,8 @@ random words with a fixed seed. Parts (``--parts``, default all):
   default) the single backend first runs the same rows per step on one GPU, and each N's
   per-GPU tokens/s is also given against it (``efficiency_vs_single``, target
   ``TARGET_VS_SINGLE``). ``--param-dtype compute`` keeps bf16 weights and optimizer state
-  in both backends; ``--reduce-dtype``, ``--prefetch`` and ``--reshard-after-forward`` set
-  the fsdp backend's other speed settings.
+  in both backends; ``--reduce-dtype``, ``--prefetch``, ``--reshard-after-forward`` and
+  ``--gradient-sync`` set the fsdp backend's other speed settings.
 - ``hsdp``: the same SFT on the largest N as HSDP (``backend.fsdp.dp_replicate`` =
   ``--hsdp-replicate`` replicas x N / replicate shards), against plain FSDP at that N.
 - ``tp``: the same SFT on the largest N with ``backend.fsdp.tp`` = ``--tp`` (DTensor tensor
@@ -127,6 +127,9 @@ def parse_args() -> argparse.Namespace:
     sft.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction,
                      default=None, help="backend.fsdp.reshard_after_forward (default: the "
                      "backend's).")
+    sft.add_argument("--gradient-sync", default=None,
+                     choices=["every_micro_batch", "last_micro_batch"],
+                     help="backend.fsdp.gradient_sync (default: the backend's).")
     sft.add_argument("--single-baseline", action=argparse.BooleanOptionalAction, default=True,
                      help="scaling: also run the single backend on one GPU (same rows per "
                           "step, micro-batch and param dtype) and report efficiency against it.")
@@ -471,6 +474,8 @@ def backend_values(args: argparse.Namespace, name: str) -> dict[str, Any]:
         fsdp["prefetch"] = args.prefetch
     if args.reshard_after_forward is not None:
         fsdp["reshard_after_forward"] = args.reshard_after_forward
+    if args.gradient_sync is not None:
+        fsdp["gradient_sync"] = args.gradient_sync
     return {"name": "fsdp", "fsdp": fsdp}
 
 
