@@ -38,22 +38,6 @@ def test_compute_dtype_shards_follow_the_single_backend(tmp_path: Path,
     assert want[max(want)] < want[1]  # it learns
 
 
-def test_one_gradient_reduction_per_step_keeps_the_float32_steps(
-        tmp_path: Path, tiny_model_dir: Path) -> None:
-    """Four micro-batches per step whose gradients are reduced once, after the last: the
-    same steps as the single backend to float32 precision."""
-    config = write_run_files(tmp_path, tiny_model_dir)
-    common = ("checkpoint.every_steps=0", "train.max_steps=3")
-    run_in_process(config, f"run.output_dir={tmp_path / 'single'}", *common,
-                   "backend.name=single")
-    run_in_process(config, f"run.output_dir={tmp_path / 'fsdp'}", *common, "backend.name=fsdp",
-                   "backend.fsdp.gradient_sync='last_micro_batch'")
-    want, got = losses(tmp_path / "single"), losses(tmp_path / "fsdp")
-    assert sorted(want) == sorted(got) == [1, 2, 3]
-    for step, value in want.items():
-        assert got[step] == pytest.approx(value, rel=1e-5), step
-
-
 def test_compute_dtype_keeps_bfloat16_shards_and_optimizer_state(tiny_model_dir: Path,
                                                                  tmp_path: Path) -> None:
     from reasonctl.backends.fsdp import FSDPBackend
