@@ -10,7 +10,12 @@ random words with a fixed seed. Parts (``--parts``, default all):
   per GPU per step (weak scaling: global batch = per-GPU batch x N), ``train.compile`` on
   CUDA, for each N of ``--gpus``. Tokens/s = tokens per step x timed steps / their summed
   ``step_time_s`` (the steps after ``--warmup``); scaling efficiency = per-GPU tokens/s at N
-  / per-GPU tokens/s at the smallest N (1 by default).
+  / per-GPU tokens/s at the smallest N (1 by default). With ``--single-baseline`` (the
+  default) the single backend first runs the same rows per step on one GPU, and each N's
+  per-GPU tokens/s is also given against it (``efficiency_vs_single``, target
+  ``TARGET_VS_SINGLE``). ``--param-dtype compute`` keeps bf16 weights and optimizer state
+  in both backends; ``--reduce-dtype``, ``--prefetch``, ``--reshard-after-forward`` and
+  ``--gradient-sync`` set the fsdp backend's other speed settings.
 - ``hsdp``: the same SFT on the largest N as HSDP (``backend.fsdp.dp_replicate`` =
   ``--hsdp-replicate`` replicas x N / replicate shards), against plain FSDP at that N.
 - ``tp``: the same SFT on the largest N with ``backend.fsdp.tp`` = ``--tp`` (DTensor tensor
@@ -75,6 +80,8 @@ SFT_TEMPLATE_TOKENS = 6
 GRPO_TEMPLATE_TOKENS = 5
 """Tokens the chat template adds to a prompt (with the generation prompt)."""
 REWARD = "bench.common:even_word_reward"
+TARGET_VS_SINGLE = 0.9
+"""Per-GPU tokens/s of fsdp on every N against the single backend's on one GPU."""
 RESUME_VOCABULARY = 64
 """The resume runs' rows use this many distinct words: the loss moves a lot every step, so
 a wrong weight, optimizer or data state after the resume changes it visibly."""
@@ -109,6 +116,23 @@ def parse_args() -> argparse.Namespace:
     sft.add_argument("--lr", type=float, default=1e-5)
     sft.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                      help="train.compile (default: on when GPUs are visible).")
+    sft.add_argument("--param-dtype", default="float32", choices=["float32", "compute"],
+                     help="backend.fsdp.param_dtype and, for the baseline, "
+                          "backend.single.param_dtype (compute: bf16 weights and optimizer "
+                          "state).")
+    sft.add_argument("--reduce-dtype", default="float32", choices=["float32", "compute"],
+                     help="backend.fsdp.reduce_dtype (gradient reduction).")
+    sft.add_argument("--prefetch", type=int, default=None,
+                     help="backend.fsdp.prefetch (default: the backend's).")
+    sft.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction,
+                     default=None, help="backend.fsdp.reshard_after_forward (default: the "
+                     "backend's).")
+    sft.add_argument("--gradient-sync", default=None,
+                     choices=["every_micro_batch", "last_micro_batch"],
+                     help="backend.fsdp.gradient_sync (default: the backend's).")
+    sft.add_argument("--single-baseline", action=argparse.BooleanOptionalAction, default=True,
+                     help="scaling: also run the single backend on one GPU (same rows per "
+                          "step, micro-batch and param dtype) and report efficiency against it.")
     sft.add_argument("--hsdp-replicate", type=int, default=2)
     sft.add_argument("--tp", type=int, default=2, help="Tensor-parallel size of the tp part.")
     grpo = parser.add_argument_group("grpo")
@@ -441,9 +465,25 @@ def json_number(value: float | None) -> float | None:
 # --- parts ---------------------------------------------------------------------------------
 
 
-def sft_values(data: Path, args: argparse.Namespace, nproc: int) -> dict[str, Any]:
+def backend_values(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    """The ``[backend]`` settings of a throughput run with backend ``name``."""
+    if name == "single":
+        return {"name": "single", "single": {"param_dtype": args.param_dtype}}
+    fsdp: dict[str, Any] = {"param_dtype": args.param_dtype, "reduce_dtype": args.reduce_dtype}
+    if args.prefetch is not None:
+        fsdp["prefetch"] = args.prefetch
+    if args.reshard_after_forward is not None:
+        fsdp["reshard_after_forward"] = args.reshard_after_forward
+    if args.gradient_sync is not None:
+        fsdp["gradient_sync"] = args.gradient_sync
+    return {"name": "fsdp", "fsdp": fsdp}
+
+
+def sft_values(data: Path, args: argparse.Namespace, nproc: int, backend: str = "fsdp"
+               ) -> dict[str, Any]:
     """The per-run settings of a throughput SFT run on ``nproc`` processes."""
     return {
+        "backend": backend_values(args, backend),
         "train": {"global_batch_size": args.per_gpu_batch * nproc,
                   "micro_batch_size": args.micro_batch, "max_steps": args.steps,
                   "lr": args.lr, "compile": args.compile},
@@ -455,27 +495,47 @@ def sft_values(data: Path, args: argparse.Namespace, nproc: int) -> dict[str, An
 def part_scaling(runner: Runner, args: argparse.Namespace, config: Path, data: Path
                  ) -> dict[str, Any]:
     """Weak scaling of FSDP2 SFT over ``--gpus``."""
+    single = None
+    if args.single_baseline:
+        run = runner.run("scaling-single-1", config, 1, sft_values(data, args, 1, "single"))
+        single = sft_result(run, args, args.per_gpu_batch)
     results: dict[str, Any] = {}
     for nproc in args.gpus:
         run = runner.run(f"scaling-fsdp-{nproc}", config, nproc,
                          sft_values(data, args, nproc))
         results[str(nproc)] = sft_result(run, args, args.per_gpu_batch * nproc)
     base = results[str(args.gpus[0])].get("tokens_per_s_per_gpu")
-    log(f"{'N':>3}{'global batch':>14}{'tok/s':>12}{'tok/s/GPU':>12}{'efficiency':>12}"
-        f"{'step s':>9}{'MFU':>7}{'peak GB':>9}{'wall s':>8}")
-    for nproc in args.gpus:
-        r = results[str(nproc)]
+    single_rate = (single or {}).get("tokens_per_s_per_gpu")
+    log(f"{'run':>9}{'global batch':>14}{'tok/s':>12}{'tok/s/GPU':>12}{'efficiency':>12}"
+        f"{'vs single':>11}{'step s':>9}{'MFU':>7}{'peak GB':>9}{'wall s':>8}")
+    rows = [("single 1", single)] if single else []
+    rows += [(f"fsdp {n}", results[str(n)]) for n in args.gpus]
+    for label, r in rows:
         per_gpu = r.get("tokens_per_s_per_gpu")
-        r["efficiency"] = round(per_gpu / base, 4) if per_gpu and base else None
+        if label.startswith("fsdp"):
+            r["efficiency"] = round(per_gpu / base, 4) if per_gpu and base else None
+        r["efficiency_vs_single"] = (round(per_gpu / single_rate, 4)
+                                     if per_gpu and single_rate else None)
         if "tokens_per_s" in r:
-            log(f"{nproc:>3}{r['global_batch']:>14}{r['tokens_per_s']:>12.0f}{per_gpu:>12.0f}"
-                f"{(r['efficiency'] or 0):>12.3f}{r['step_s']:>9.3f}{(r['mfu'] or 0):>7.1%}"
-                f"{r['peak_mem_gb']:>9.1f}{r['wall_s']:>8.0f}")
+            log(f"{label:>9}{r['global_batch']:>14}{r['tokens_per_s']:>12.0f}{per_gpu:>12.0f}"
+                f"{(r.get('efficiency') or 0):>12.3f}{(r['efficiency_vs_single'] or 0):>11.3f}"
+                f"{r['step_s']:>9.3f}{(r['mfu'] or 0):>7.1%}{r['peak_mem_gb']:>9.1f}"
+                f"{r['wall_s']:>8.0f}")
         else:
-            log(f"{nproc:>3}  failed (exit code {r['rc']})")
-    return {"baseline_nproc": args.gpus[0], "per_gpu_batch": args.per_gpu_batch,
-            "micro_batch": args.micro_batch, "seq": args.seq, "compile": args.compile,
-            "results": results, "ok": all(r["ok"] for r in results.values())}
+            log(f"{label:>9}  failed (exit code {r['rc']})")
+    ratios = [r.get("efficiency_vs_single") for r in results.values()]
+    out = {"baseline_nproc": args.gpus[0], "per_gpu_batch": args.per_gpu_batch,
+           "micro_batch": args.micro_batch, "seq": args.seq, "compile": args.compile,
+           "backend": backend_values(args, "fsdp"), "results": results,
+           "ok": all(r["ok"] for r in results.values()) and (single is None or single["ok"])}
+    if single is not None:
+        out["single"] = single
+        out["min_efficiency_vs_single"] = (min(ratios) if ratios and None not in ratios
+                                           else None)
+        out["target_vs_single"] = TARGET_VS_SINGLE
+        out["target_met"] = out["min_efficiency_vs_single"] is not None and (
+            out["min_efficiency_vs_single"] >= TARGET_VS_SINGLE)
+    return out
 
 
 def plain_fsdp_result(runner: Runner, args: argparse.Namespace, config: Path,
@@ -502,7 +562,7 @@ def part_hsdp(runner: Runner, args: argparse.Namespace, config: Path, data: Path
         return {"skipped": reason, "ok": True}
     values = sft_values(data, args, nproc)
     fsdp = plain_fsdp_result(runner, args, config, values, scaling, "hsdp")
-    values["backend"] = {"fsdp": {"dp_replicate": replicate, "dp_shard": -1}}
+    values["backend"]["fsdp"].update(dp_replicate=replicate, dp_shard=-1)
     hsdp = sft_result(runner.run(f"hsdp-{replicate}x{nproc // replicate}", config, nproc,
                                  values), args, args.per_gpu_batch * nproc)
     ratio = (hsdp["tokens_per_s"] / fsdp["tokens_per_s"]
@@ -525,7 +585,7 @@ def part_tp(runner: Runner, args: argparse.Namespace, config: Path, data: Path,
         return {"skipped": reason, "ok": True}
     values = sft_values(data, args, nproc)
     fsdp = plain_fsdp_result(runner, args, config, values, scaling, "tp")
-    values["backend"] = {"fsdp": {"tp": tp}}
+    values["backend"]["fsdp"]["tp"] = tp
     split = sft_result(runner.run(f"tp-{tp}x{nproc // tp}", config, nproc, values), args,
                        args.per_gpu_batch * nproc)
     ratio = (split["tokens_per_s"] / fsdp["tokens_per_s"]

@@ -130,6 +130,16 @@ def test_fsdp_in_one_process_matches_single(reference: Path) -> None:
     assert_close_runs(out, reference / "single", range(1, STEPS + 1))
 
 
+def test_one_gradient_reduction_per_step_keeps_the_float32_steps(reference: Path) -> None:
+    """Four micro-batches per step, gradients reduced once after the last
+    (``gradient_sync = "last_micro_batch"``): the single backend's steps and weights."""
+    out = reference / "fsdp1-sync-last"
+    result = run_in_process(reference / "run.toml", f"run.output_dir={out}", "backend.name=fsdp",
+                            "backend.fsdp.gradient_sync='last_micro_batch'")
+    assert result.status == "completed"
+    assert_close_runs(out, reference / "single", range(1, STEPS + 1))
+
+
 @pytest.mark.slow
 def test_fsdp_compiles_blocks_with_train_compile(reference: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:

@@ -209,7 +209,8 @@ class TorchBackend:
         lr = float(optimizer.param_groups[0]["lr"])
         loss_total = torch.zeros((), dtype=torch.float64, device=self.device)
         metric_sums: dict[str, Any] = {}
-        for micro_batch in micro_batches:
+        for index, micro_batch in enumerate(micro_batches):
+            self._before_micro_batch(last=index == len(micro_batches) - 1)
             batch = self.to_device(micro_batch)
             with self.autocast():
                 if forward is None:
@@ -483,6 +484,10 @@ class TorchBackend:
 
     def _reshard(self) -> None:
         """Hook for sharded backends to put parameters back in sharded form."""
+
+    def _before_micro_batch(self, *, last: bool) -> None:
+        """Hook called before each micro-batch of :meth:`train_step` (``last``: the step's
+        final one), e.g. to reduce gradients over ranks only once per step."""
 
     def _require_language_model(self, what: str) -> None:
         if self.diffusion is not None:

@@ -42,13 +42,26 @@ class ProcessGroupInfo:
     """True when this call created the group (so the backend destroys it on close)."""
 
 
+_launched_groups = 0
+"""Default groups this process has created under a launcher (see :func:`init_process_group`)."""
+
+
 def init_process_group(device: torch.device) -> ProcessGroupInfo:
     """Join the default process group: NCCL on CUDA, gloo on CPU.
 
     Under a launcher (``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` set: reasonctl's or torchrun)
     the group spans the launched processes; without it, a one-process group is created in memory so
     the FSDP backend also runs as a plain single process.
+
+    A process may create the group again after a backend destroyed it (e.g. one backend
+    after another in one job). The launcher's key-value store outlives the group and still
+    holds the addresses and NCCL ids the earlier groups (default and sub-groups, whose
+    names restart at 0) exchanged; a peer that reads one of those before its owner
+    overwrites it connects to a closed socket ("Connection refused"). Every group after
+    the first therefore rendezvouses under a fresh key prefix (every process creates its
+    groups in the same order, so the prefixes agree).
     """
+    global _launched_groups
     if dist.is_initialized():
         return ProcessGroupInfo(dist.get_rank(), dist.get_world_size(), created=False)
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -60,7 +73,14 @@ def init_process_group(device: torch.device) -> ProcessGroupInfo:
                 f"RANK/WORLD_SIZE are set but {', '.join(missing)} is not; launch with "
                 "`reasonctl run --nproc-per-node N` or torchrun"
             )
-        dist.init_process_group(backend=backend, device_id=device_id)
+        if _launched_groups == 0:
+            dist.init_process_group(backend=backend, device_id=device_id)
+        else:
+            store, rank, world_size = next(dist.rendezvous("env://"))
+            store = dist.PrefixStore(f"reasonctl/group{_launched_groups}", store)
+            dist.init_process_group(backend=backend, store=store, rank=rank,
+                                    world_size=world_size, device_id=device_id)
+        _launched_groups += 1
     else:
         dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
                                 device_id=device_id)

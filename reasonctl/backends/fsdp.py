@@ -23,8 +23,17 @@ With ``tp`` the query/key/value, gate and up projections of every decoder block 
 by output features and the output and down projections by input features over the ``tp``
 ranks (DTensor tensor parallelism, applied before FSDP), so each rank holds
 ``heads / tp`` attention heads. Embeddings, norms and the output head stay whole on each
-tensor-parallel rank. Mixed precision keeps float32 shards and computes in
-``model.dtype`` with float32 gradient reduction.
+tensor-parallel rank.
+
+Precision and speed (``[backend.fsdp]``): ``param_dtype = "float32"`` (the default, as for
+the single backend) keeps float32 shards and optimizer state and computes in
+``model.dtype``; ``"compute"`` keeps the shards, gradients and optimizer state in
+``model.dtype`` itself (half the memory and traffic, no casts; small updates can round
+away in bfloat16). Gradients are reduced in float32 unless ``reduce_dtype = "compute"``.
+Each block's all-gather is issued ``prefetch`` blocks ahead in forward and backward, and
+the last block keeps its gathered weights after forward (backward needs them at once).
+``gradient_sync = "last_micro_batch"`` reduces gradients once per step instead of after
+every micro-batch (unsharded gradients are kept meanwhile: more memory).
 
 A diffusers pipeline directory trains its diffusion transformer the same way (its
 ``_no_split_modules`` blocks sharded, the transformer itself the root; no ``tp``), with
@@ -41,7 +50,7 @@ import gc
 import logging
 from collections.abc import Iterator
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -83,9 +92,18 @@ class FSDPBackend(TorchBackend):
     """Fully sharded data parallel training over the processes of one launch."""
 
     def __init__(self, *, dp_replicate: int = 1, dp_shard: int = -1, tp: int = 1, cp: int = 1,
-                 reshard_after_forward: bool = True, chunk_tokens: int,
-                 export_shard_size: str) -> None:
+                 reshard_after_forward: bool = True,
+                 param_dtype: Literal["float32", "compute"] = "float32",
+                 reduce_dtype: Literal["float32", "compute"] = "float32",
+                 prefetch: int = 1,
+                 gradient_sync: Literal["every_micro_batch", "last_micro_batch"]
+                 = "every_micro_batch",
+                 chunk_tokens: int, export_shard_size: str) -> None:
         super().__init__(chunk_tokens=chunk_tokens, export_shard_size=export_shard_size)
+        self.param_dtype_mode = param_dtype
+        self.reduce_dtype_mode = reduce_dtype
+        self.prefetch = prefetch
+        self.gradient_sync = gradient_sync
         self.dp_replicate = dp_replicate
         self.dp_shard = dp_shard
         self.tp = tp
@@ -124,11 +142,13 @@ class FSDPBackend(TorchBackend):
         dist.barrier()
         self.source = ensure_model_source(ctx)
         on_meta = self.rank != 0
+        dtype = compute_dtype(config.model.dtype, self.device)
+        param_dtype = torch.float32 if self.param_dtype_mode == "float32" else dtype
         if is_pipeline_dir(self.source.model_dir):
-            self._build_diffusion(ctx, on_meta)
+            self._build_diffusion(ctx, on_meta, param_dtype)
             return
         hf_model = load_pretrained(self.source.model_dir, config.model,
-                                   param_dtype=torch.float32, device="cpu", on_meta=on_meta)
+                                   param_dtype=param_dtype, device="cpu", on_meta=on_meta)
         self.tied_groups = tied_parameter_groups(hf_model)
         if config.model.lora is not None:
             if self.tp > 1:
@@ -137,7 +157,7 @@ class FSDPBackend(TorchBackend):
                     "tp = 1 with [model.lora] (the frozen base is sharded by FSDP)"
                 ])
             self.lora = LoraState.attach(hf_model, config.model.lora, seed=config.run.seed,
-                                         trainable_dtype=torch.float32)
+                                         trainable_dtype=param_dtype)
             self.parameter_counts = count_parameters(hf_model)
         else:
             self.parameter_counts = apply_trainable_patterns(
@@ -167,7 +187,7 @@ class FSDPBackend(TorchBackend):
         self.hf_model = hf_model
         self.policy = TokenLogprobModel(hf_model, chunk_tokens=self.chunk_tokens)
         self.policy.context_parallel = context_parallel
-        self._shard(self.policy, compute_dtype(config.model.dtype, self.device))
+        self._shard(self.policy, dtype)
         if on_meta:
             self.policy.to_empty(device=self.device)
         set_model_state_dict(
@@ -181,7 +201,8 @@ class FSDPBackend(TorchBackend):
                                          device=self.device)
         self.scheduler = build_scheduler(self.optimizer, config.train, lambda: ctx.total_steps)
 
-    def _build_diffusion(self, ctx: RunContext, on_meta: bool) -> None:
+    def _build_diffusion(self, ctx: RunContext, on_meta: bool, param_dtype: torch.dtype
+                         ) -> None:
         """Shard a pipeline's diffusion transformer (the root) block by block."""
         config = ctx.config
         if self.tp > 1:
@@ -194,7 +215,7 @@ class FSDPBackend(TorchBackend):
                 f"backend.fsdp.cp: {self.cp} splits language-model token sequences; a diffusion "
                 "transformer's context parallelism is not supported yet, set cp = 1"
             ])
-        model = self.load_diffusion_transformer(ctx, param_dtype=torch.float32, device="cpu",
+        model = self.load_diffusion_transformer(ctx, param_dtype=param_dtype, device="cpu",
                                                 on_meta=on_meta)
         full_state = {} if on_meta else dict(model.state_dict())
         if config.train.compile:  # denoising steps have fixed shapes: sampling compiles too
@@ -293,10 +314,13 @@ class FSDPBackend(TorchBackend):
                 "(_no_split_modules), so FSDP cannot shard it block by block; use the "
                 "single backend"
             )
+        # gathers in the compute dtype (no cast when the shards hold it), reduces in float32
+        # or, with reduce_dtype = "compute", in the compute dtype
+        reduce_dtype = dtype if self.reduce_dtype_mode == "compute" else torch.float32
         if dtype == torch.float32:
             policy_mp = MixedPrecisionPolicy()
         else:
-            policy_mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+            policy_mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype)
         options = {"mesh": self._shard_mesh(), "mp_policy": policy_mp}
         if self.diffusion is not None and dtype != torch.float32:
             # FSDP casts a block's floating inputs (a diffusion transformer passes float32
@@ -307,7 +331,12 @@ class FSDPBackend(TorchBackend):
                 block.register_forward_pre_hook(partial(_cast_floating_inputs, dtype),
                                                 with_kwargs=True)
         for block in reversed(blocks):
-            fully_shard(block, reshard_after_forward=self.reshard_after_forward, **options)
+            # backward starts with the last block: resharding it after forward would only
+            # free weights that are gathered again at once
+            keep = block is blocks[-1]
+            fully_shard(block, reshard_after_forward=self.reshard_after_forward and not keep,
+                        **options)
+        _set_prefetch(hf_model, blocks, self.prefetch)
         # The root group holds the embedding and (tied) output head. Backward needs them right
         # after forward, and the log-prob op recomputes the head's logits chunk by chunk in
         # backward, so resharding the root after forward only frees memory that is gathered
@@ -316,7 +345,7 @@ class FSDPBackend(TorchBackend):
             # a diffusion transformer's inputs are cast by its adapter, and its timestep
             # (sigma or sigma x 1000) must reach the sinusoidal embedding in float32
             options["mp_policy"] = MixedPrecisionPolicy(
-                param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+                param_dtype=dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False)
         fully_shard(policy, reshard_after_forward=False, **options)
 
     # --- weights out ----------------------------------------------------------------------
@@ -354,6 +383,12 @@ class FSDPBackend(TorchBackend):
             dist.destroy_process_group()
         self._owns_process_group = False
 
+    def _before_micro_batch(self, *, last: bool) -> None:
+        """With ``gradient_sync = "last_micro_batch"`` gradients accumulate unsharded on
+        each rank and are reduced once, in the step's last backward."""
+        if self.gradient_sync == "last_micro_batch" and isinstance(self.policy, FSDPModule):
+            self.policy.set_requires_gradient_sync(last)
+
     def _reshard(self) -> None:
         policy = self.policy
         if policy is None:
@@ -361,6 +396,26 @@ class FSDPBackend(TorchBackend):
         for module in policy.modules():
             if isinstance(module, FSDPModule):
                 module.reshard()
+
+
+def _set_prefetch(root: torch.nn.Module, blocks: list[torch.nn.Module], depth: int) -> None:
+    """Issue each block's all-gather ``depth`` blocks ahead in forward (and behind in
+    backward), within each list of sibling blocks (e.g. ``model.layers``), which run in
+    order; ``depth = 0`` keeps FSDP's implicit one-ahead order."""
+    if depth <= 0:
+        return
+    parents = {id(child): id(module) for module in root.modules() for child in module.children()}
+    chains: dict[int | None, list[torch.nn.Module]] = {}
+    for block in blocks:  # in registration order, which is their list's order
+        chains.setdefault(parents.get(id(block)), []).append(block)
+    for chain in chains.values():
+        for index, block in enumerate(chain):
+            ahead = chain[index + 1:index + 1 + depth]
+            behind = chain[max(0, index - depth):index][::-1]
+            if ahead:
+                block.set_modules_to_forward_prefetch(ahead)  # type: ignore[operator]
+            if behind:
+                block.set_modules_to_backward_prefetch(behind)  # type: ignore[operator]
 
 
 def _cast_floating_inputs(dtype: torch.dtype, _module: torch.nn.Module, args: tuple[Any, ...],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,7 +37,30 @@ class FSDPBackendConfig(BaseModel):
     )
     reshard_after_forward: bool = Field(
         default=True,
-        description="Free gathered parameters after forward (less memory, one more gather).",
+        description="Free gathered parameters after forward (less memory, one more gather); "
+        "the last block always keeps them (backward needs them at once).",
+    )
+    param_dtype: Literal["float32", "compute"] = Field(
+        default="float32",
+        description="As backend.single.param_dtype: float32 shards and optimizer state with "
+        "compute in model.dtype, or compute: shards, gradients and optimizer state in "
+        "model.dtype (half the memory and traffic, faster; small updates can round away).",
+    )
+    reduce_dtype: Literal["float32", "compute"] = Field(
+        default="float32",
+        description="Dtype gradients are reduced (reduce-scattered) in: float32, or compute "
+        "(model.dtype: half the traffic, less precise sums over many ranks).",
+    )
+    prefetch: int = Field(
+        default=1, ge=0, le=8,
+        description="Blocks whose weights are gathered ahead of use in forward and backward "
+        "(more overlap, one more gathered block of memory each); 0: FSDP's implicit order.",
+    )
+    gradient_sync: Literal["every_micro_batch", "last_micro_batch"] = Field(
+        default="every_micro_batch",
+        description="When gradients are reduced over ranks: after every micro-batch, or "
+        "once after the step's last (fewer reductions; full-size gradients kept on every "
+        "rank until then).",
     )
     logprob_chunk_tokens: int = Field(
         default=2048, gt=0,
@@ -59,6 +82,10 @@ def build_fsdp_backend(config: FSDPBackendConfig | None, **_: Any) -> Any:
         tp=config.tp,
         cp=config.cp,
         reshard_after_forward=config.reshard_after_forward,
+        param_dtype=config.param_dtype,
+        reduce_dtype=config.reduce_dtype,
+        prefetch=config.prefetch,
+        gradient_sync=config.gradient_sync,
         chunk_tokens=config.logprob_chunk_tokens,
         export_shard_size=config.export_shard_size,
     )
