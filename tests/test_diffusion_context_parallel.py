@@ -124,20 +124,32 @@ def test_unsupported_transformer_is_refused_by_name() -> None:
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_flow_grpo_with_cp_pair_follows_one_process(
-        tmp_path: Path, tiny_pipelines: dict[str, Path]) -> None:  # noqa: F811
-    """``backend.fsdp.cp = 2`` on a video model: both processes sample and train the same
-    samples, each on half of the latent tokens; rewards, losses, KL to the adapters-off
-    reference and gradient norms follow the one-process run."""
+@pytest.mark.parametrize("algorithm", ["flow_grpo", "ddrl"])
+def test_runs_with_cp_pair_follow_one_process(
+        algorithm: str, tmp_path: Path, tiny_pipelines: dict[str, Path]) -> None:  # noqa: F811
+    """``backend.fsdp.cp = 2``: both processes sample and train the same samples, each on
+    half of the latent tokens; rewards, losses, KL to the adapters-off reference (FlowGRPO
+    on the Wan video model with LoRA), the data loss (DDRL on SD3, full fine-tune) and
+    gradient norms follow the one-process run."""
     import subprocess
     import sys
 
-    import reasonctl
     import tomli_w
 
+    import reasonctl
+    from tests.diffusion_support import write_video_text
+
+    data = write_video_text(tmp_path / "data", {f"c{i}": f"a bright scene {i}"
+                                                for i in range(4)}, value=235)
+
     def config(out: Path) -> dict[str, Any]:
-        return run_config(out, tiny_pipelines["wan"], steps=2, frames=5, kl_beta=0.1,
-                          lora={"rank": 4, "alpha": 4})
+        if algorithm == "flow_grpo":
+            return run_config(out, tiny_pipelines["wan"], steps=2, frames=5, kl_beta=0.1,
+                              lora={"rank": 4, "alpha": 4})
+        values = run_config(out, tiny_pipelines["sd3"], algorithm="ddrl", steps=2,
+                            data_beta=1.0, exp_reward=True)
+        values["data"] = {"format": "video_text", "video_text": {"root": str(data)}}
+        return values
 
     reasonctl.run(config(tmp_path / "single"))
     pair = config(tmp_path / "cp2")
@@ -152,8 +164,11 @@ def test_flow_grpo_with_cp_pair_follows_one_process(
     assert "latent tokens split over cp=2" in proc.stdout + proc.stderr
     one, two = metrics(tmp_path / "single"), metrics(tmp_path / "cp2")
     assert len(two) == len(one) == 2
-    for key in ("reward/mean", "loss", "kl", "grad_norm"):
+    keys = ["reward/mean", "loss", "grad_norm"]
+    keys += ["kl"] if algorithm == "flow_grpo" else ["data_loss"]
+    for key in keys:
         assert [r[key] for r in two] == pytest.approx([r[key] for r in one], rel=1e-3,
                                                       abs=1e-6), key
-    assert one[1]["kl"] > 0  # the second step's policy differs from the reference
+    if algorithm == "flow_grpo":
+        assert one[1]["kl"] > 0  # the second step's policy differs from the reference
     assert all(r["ratio_dev_first"] < 1e-5 for r in two)
