@@ -15,12 +15,13 @@ import torch
 
 from tests.diffusion_support import metrics, run_config, tiny_pipelines  # noqa: F401
 
-# (family, latent shape [C, T, h, w] or [C, h, w], conditioning latent frames)
+# (family, latent shape [C, T, h, w] or [C, h, w], conditioning latent frames, gradient
+# checkpointing: blocks recomputed in the backward pass)
 CASES = {
-    "wan": ("wan", (4, 3, 4, 6), 0),           # 3 x 2 x 3 = 18 tokens
-    "wan_uneven": ("wan", (4, 3, 6, 2), 0),    # 9 tokens: 5 + 4
-    "sd3": ("sd3", (4, 8, 6), 0),              # 4 x 3 = 12 image tokens + text tokens
-    "cosmos_frames": ("cosmos", (4, 3, 4, 4), 1),  # per-token timestep modulation
+    "wan": ("wan", (4, 3, 4, 6), 0, False),          # 3 x 2 x 3 = 18 tokens
+    "wan_uneven": ("wan", (4, 3, 6, 2), 0, True),    # 9 tokens: 5 + 4
+    "sd3": ("sd3", (4, 8, 6), 0, False),             # 4 x 3 = 12 image tokens + text tokens
+    "cosmos_frames": ("cosmos", (4, 3, 4, 4), 1, True),  # per-token timestep modulation
 }
 
 
@@ -30,8 +31,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _outputs(model_dir: str, shape: tuple[int, ...], frames: int, group: Any = None
-             ) -> dict[str, Any]:
+def _outputs(model_dir: str, shape: tuple[int, ...], frames: int, checkpointing: bool,
+             group: Any = None) -> dict[str, Any]:
     """Velocity of a batch of 2 and the gradients of a loss on it (summed over ``group``)."""
     import torch.distributed as dist
 
@@ -42,6 +43,8 @@ def _outputs(model_dir: str, shape: tuple[int, ...], frames: int, group: Any = N
 
     adapter = adapter_for(model_dir)
     model = load_transformer(Path(model_dir), dtype=torch.float32, device="cpu")
+    if checkpointing:
+        model.enable_gradient_checkpointing()
     if group is not None:
         enable_diffusion_context_parallel(model, group)
     generator = torch.Generator().manual_seed(7)
@@ -74,8 +77,8 @@ def _worker(rank: int, world: int, port: int, dirs: dict[str, str], result_path:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        results = {name: _outputs(dirs[family], shape, frames, dist.group.WORLD)
-                   for name, (family, shape, frames) in CASES.items()}
+        results = {name: _outputs(dirs[family], *case, dist.group.WORLD)
+                   for name, (family, *case) in CASES.items()}
         if rank == 0:
             torch.save(results, result_path)
     finally:
@@ -99,8 +102,8 @@ def test_split_transformers_match_the_whole_ones(tiny_pipelines: dict[str, Path]
         worker.join(timeout=300)
     assert all(w.exitcode == 0 for w in workers), [w.exitcode for w in workers]
     results = torch.load(result_path, weights_only=True)
-    for name, (family, shape, frames) in CASES.items():
-        want = _outputs(dirs[family], shape, frames)
+    for name, (family, *case) in CASES.items():
+        want = _outputs(dirs[family], *case)
         got = results[name]
         torch.testing.assert_close(got["velocity"], want["velocity"], atol=1e-5, rtol=1e-4,
                                    msg=name)

@@ -160,14 +160,17 @@ class DiffusionContextParallel:
         self.rank = dist.get_rank(group)
         self.plan = plan
         self.slices: SequenceSlices | None = None
-        """The current forward pass's layout (set by the first split)."""
+        """The layout of the latest forward pass (set by its first split). It stays after
+        the pass: gradient checkpointing recomputes blocks during the backward pass, which
+        reads it again (a run's passes all have one latent shape)."""
+        self.pending = False
         self.gathered = False
 
     # --- per forward pass -------------------------------------------------------------
 
     def begin(self, _module: nn.Module, _args: Any) -> None:
-        """Root pre-hook: a new forward pass, layout unknown until the first split."""
-        self.slices = None
+        """Root pre-hook: a new forward pass, its layout set by its first split."""
+        self.pending = True
         self.gathered = False
 
     def finish(self, module: nn.Module, _args: Any, output: Any) -> Any:
@@ -175,13 +178,13 @@ class DiffusionContextParallel:
         if not self.gathered:
             raise RuntimeError(f"{type(module).__name__}: context parallelism split the "
                                "sequence but its output was not gathered")
-        self.slices = None
         return output
 
     def _split(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
-        if self.slices is None:
+        if self.pending or self.slices is None:
             self.slices = SequenceSlices(self.group, self.size, self.rank,
                                          int(tensor.shape[dim]))
+            self.pending = False
         if tensor.shape[dim] != self.slices.full:
             raise RuntimeError(f"context parallelism: a per-token tensor has {tensor.shape[dim]}"
                                f" positions but the sequence has {self.slices.full}")
@@ -208,7 +211,8 @@ class DiffusionContextParallel:
     def _split_if_full(self, value: Any, spec: ArgSplit) -> Any:
         if not isinstance(value, torch.Tensor) or value.dim() != spec.ndim:
             return value
-        if self.slices is not None and value.shape[spec.dim] != self.slices.full:
+        if (not self.pending and self.slices is not None
+                and value.shape[spec.dim] != self.slices.full):
             return value  # already this rank's slice
         return self._split(value, spec.dim)
 
@@ -234,6 +238,9 @@ class DiffusionContextParallel:
         if attn_mask is not None or is_causal:
             raise RuntimeError("context parallelism supports unmasked self-attention only")
         local = slices.local
+        if key.shape[-2] < local or query.shape[-2] != key.shape[-2]:
+            raise RuntimeError(f"context parallelism: self-attention over {key.shape[-2]} "
+                               f"keys, but this rank holds {local} of {slices.full} tokens")
         both = torch.stack([key[..., :local, :], value[..., :local, :]])
         both = _GatherSharded.apply(both, slices, both.dim() - 2)
         if key.shape[-2] > local:  # shared tokens (SD3's text) after the image tokens
