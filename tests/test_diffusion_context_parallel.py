@@ -115,14 +115,18 @@ def test_split_transformers_match_the_whole_ones(tiny_pipelines: dict[str, Path]
                                        msg=f"{name}: {param}")
 
 
-def test_unsupported_transformer_is_refused_by_name() -> None:
+def test_unsupported_transformer_and_compile_are_refused_by_name() -> None:
     from reasonctl.core.errors import ConfigError
     from reasonctl.diffusion.context_parallel import check_diffusion_context_parallel
 
+    flux = type("FluxTransformer2DModel", (torch.nn.Module,), {})()
     with pytest.raises(ConfigError, match="FluxTransformer2DModel has no context-parallel "
-                                          "plan.*WanTransformer3DModel"):
-        check_diffusion_context_parallel(type("FluxTransformer2DModel", (torch.nn.Module,),
-                                              {})())
+                                          "plan.*WanTransformer3DModel.*set cp = 1"):
+        check_diffusion_context_parallel(flux)
+    wan = type("WanTransformer3DModel", (torch.nn.Module,), {})()
+    with pytest.raises(ConfigError, match="train.compile yet; set train.compile = false"):
+        check_diffusion_context_parallel(wan, compile=True)
+    check_diffusion_context_parallel(wan)
 
 
 @pytest.mark.slow
