@@ -173,9 +173,9 @@ def test_runs_with_cp_pair_follow_one_process(
     assert len(two) == len(one) == 2
     keys = ["reward/mean", "loss", "grad_norm"]
     keys += ["kl"] if algorithm == "flow_grpo" else ["data_loss"]
-    for key in keys:
-        assert [r[key] for r in two] == pytest.approx([r[key] for r in one], rel=1e-3,
-                                                      abs=1e-6), key
+    for key in keys:  # the values are small (the tiny models' rewards barely differ)
+        assert [r[key] for r in two] == pytest.approx([r[key] for r in one], rel=1e-4,
+                                                      abs=1e-12), key
     if algorithm == "flow_grpo":
         assert one[1]["kl"] > 0  # the second step's policy differs from the reference
     assert all(r["ratio_dev_first"] < 1e-5 for r in two)
