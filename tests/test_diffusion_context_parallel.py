@@ -18,8 +18,7 @@ from tests.diffusion_support import metrics, run_config, tiny_pipelines  # noqa:
 # (family, latent shape [C, T, h, w] or [C, h, w], conditioning latent frames, gradient
 # checkpointing: blocks recomputed in the backward pass)
 CASES = {
-    "wan": ("wan", (4, 3, 4, 6), 0, False),          # 3 x 2 x 3 = 18 tokens
-    "wan_uneven": ("wan", (4, 3, 6, 2), 0, True),    # 9 tokens: 5 + 4
+    "wan_uneven": ("wan", (4, 3, 6, 2), 0, True),    # 3 x 3 x 1 = 9 tokens: 5 + 4
     "sd3": ("sd3", (4, 8, 6), 0, False),             # 4 x 3 = 12 image tokens + text tokens
     "cosmos_frames": ("cosmos", (4, 3, 4, 4), 1, True),  # per-token timestep modulation
 }
