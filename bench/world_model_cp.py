@@ -94,13 +94,12 @@ def main() -> None:
     model_dir = build_model_dir(root, args)
     embedding, _ = text_embedding(root, model_dir)
     cps = [int(c) for c in args.cps.split(",") if c.strip()]
-    adapter_shape = None
     from reasonctl.diffusion.adapters import adapter_for
 
     adapter = adapter_for(model_dir)
-    adapter_shape = adapter.latent_shape(args.frames, args.height, args.width)
+    shape = adapter.latent_shape(args.frames, args.height, args.width)
     patch = adapter.transformer_config.get("patch_size", (1, 2, 2))
-    tokens = adapter_shape[1] * (adapter_shape[2] // patch[1]) * (adapter_shape[3] // patch[2])
+    tokens = shape[1] * (shape[2] // patch[1]) * (shape[3] // patch[2])
     summary: dict[str, Any] = {
         "bench": "world_model_cp", "model": args.model, "size": args.size,
         "shape": {"height": args.height, "width": args.width, "frames": args.frames,
