@@ -1,7 +1,7 @@
 """Context parallelism on CPU (gloo): sequences split over 2 and 4 processes give the log-probs,
 entropy and weight gradients of the unsplit model (Qwen2 padded and packed rows, Qwen3, the
-Qwen2.5-VL language tower with images), and the fsdp backend with ``cp = 2`` follows the
-single-process SFT and GRPO runs."""
+Qwen2.5-VL language tower with images, LoRA adapters on Qwen2), and the fsdp backend with
+``cp = 2`` follows the single-process SFT and GRPO runs."""
 
 from __future__ import annotations
 
@@ -33,9 +33,24 @@ def _load(model_dir: str) -> Any:
     return cls.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
 
 
-def _outputs(model_dir: str, batch: dict[str, torch.Tensor], group: Any = None
-             ) -> dict[str, Any]:
-    """Log-probs, entropy and the gradients of a loss using both (summed over ``group``)."""
+def _attach_lora(model: Any) -> None:
+    """peft adapters (``[model.lora]``'s path) with nonzero B factors, so every factor
+    gets a gradient; the base weights are frozen."""
+    from reasonctl.backends.lora import LoraState
+    from reasonctl.core.config import LoraSection
+
+    LoraState.attach(model, LoraSection(rank=4, alpha=8), seed=3, trainable_dtype=torch.float32)
+    generator = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(0.05 * torch.randn(param.shape, generator=generator))
+
+
+def _outputs(model_dir: str, batch: dict[str, torch.Tensor], group: Any = None,
+             lora: bool = False) -> dict[str, Any]:
+    """Log-probs, entropy and the gradients of a loss using both (summed over ``group``);
+    ``lora``: of the trainable parameters of a LoRA model."""
     import torch.distributed as dist
 
     from reasonctl.backends.context_parallel import enable_context_parallel
@@ -43,6 +58,8 @@ def _outputs(model_dir: str, batch: dict[str, torch.Tensor], group: Any = None
 
     torch.manual_seed(0)
     model = _load(model_dir)
+    if lora:
+        _attach_lora(model)
     policy = TokenLogprobModel(model, chunk_tokens=7)
     if group is not None:
         policy.context_parallel = enable_context_parallel(model, group)
@@ -51,6 +68,8 @@ def _outputs(model_dir: str, batch: dict[str, torch.Tensor], group: Any = None
     ((logprobs - 0.1 * entropy) * mask).sum().backward()
     grads = {}
     for name, param in model.named_parameters():
+        if lora and not param.requires_grad:
+            continue
         grad = param.grad if param.grad is not None else torch.zeros_like(param)
         if group is not None:
             dist.all_reduce(grad, group=group)
@@ -66,7 +85,8 @@ def _worker(rank: int, world: int, port: int, cases_path: str, result_path: str)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         cases = torch.load(cases_path, weights_only=True)
-        results = {name: _outputs(case["model_dir"], case["batch"], dist.group.WORLD)
+        results = {name: _outputs(case["model_dir"], case["batch"], dist.group.WORLD,
+                                  case.get("lora", False))
                    for name, case in cases.items()}
         if rank == 0:
             torch.save(results, result_path)
@@ -116,6 +136,8 @@ def cases(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dic
         "qwen2_padded": {"model_dir": str(tiny_model_dir), "batch": collate(encoded, 0)},
         "qwen2_packed": {"model_dir": str(tiny_model_dir),
                          "batch": collate(encoded, 0, pack=True)},
+        "qwen2_lora": {"model_dir": str(tiny_model_dir), "batch": collate(encoded, 0),
+                       "lora": True},
         "qwen3": {"model_dir": str(qwen3_dir), "batch": collate(encoded[:2], 0)},
         "qwen2_5_vl": {"model_dir": str(vl_dir), "batch": collate(vl_encoded, 0)},
         "qwen2_5_vl_packed": {"model_dir": str(vl_dir),
@@ -143,8 +165,11 @@ def test_split_sequences_match_the_whole_model(world: int, cases: dict[str, Any]
     assert all(w.exitcode == 0 for w in workers), [w.exitcode for w in workers]
     results = torch.load(result_path, weights_only=True)
     for name, case in cases.items():
-        want = _outputs(case["model_dir"], case["batch"])
+        want = _outputs(case["model_dir"], case["batch"], lora=case.get("lora", False))
         got = results[name]
+        if case.get("lora"):
+            assert want["grads"] and all("lora_" in p for p in want["grads"]), name
+            assert all(g.abs().sum() > 0 for g in want["grads"].values()), name
         mask = case["batch"]["loss_mask"][:, 1:].bool()
         assert got["logprobs"].shape == want["logprobs"].shape, name
         torch.testing.assert_close(got["logprobs"][mask], want["logprobs"][mask],

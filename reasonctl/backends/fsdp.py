@@ -37,7 +37,8 @@ every micro-batch (unsharded gradients are kept meanwhile: more memory).
 
 A diffusers pipeline directory trains its diffusion transformer the same way (its
 ``_no_split_modules`` blocks sharded, the transformer itself the root; no ``tp``), with
-LoRA adapters with ``[model.lora]`` (:mod:`reasonctl.diffusion.policy`).
+LoRA adapters with ``[model.lora]`` (:mod:`reasonctl.diffusion.policy`); with ``cp`` its
+latent tokens are split (:mod:`reasonctl.diffusion.context_parallel`).
 
 Ranks: ``rank`` / ``world_size`` are the **data-parallel** coordinates (algorithms split
 data by them; the ranks of one context- or tensor-parallel group get the same share, and
@@ -210,13 +211,16 @@ class FSDPBackend(TorchBackend):
                 f"backend.fsdp.tp: {self.tp} splits language-model decoder blocks; a diffusion "
                 "transformer is sharded with FSDP only, set tp = 1"
             ])
-        if self.cp > 1:
-            raise ConfigError([
-                f"backend.fsdp.cp: {self.cp} splits language-model token sequences; a diffusion "
-                "transformer's context parallelism is not supported yet, set cp = 1"
-            ])
         model = self.load_diffusion_transformer(ctx, param_dtype=param_dtype, device="cpu",
                                                 on_meta=on_meta)
+        if self.cp > 1:
+            from reasonctl.diffusion.context_parallel import enable_diffusion_context_parallel
+
+            enable_diffusion_context_parallel(model, self.mesh["cp"].get_group(),
+                                              compile=config.train.compile)
+            if self.is_main:
+                ctx.info(f"fsdp: latent tokens split over cp={self.cp} ranks; data parallel "
+                         f"over {self.world_size} group(s)")
         full_state = {} if on_meta else dict(model.state_dict())
         if config.train.compile:  # denoising steps have fixed shapes: sampling compiles too
             compile_blocks(model, without_grad=True)

@@ -33,7 +33,8 @@ class FSDPBackendConfig(BaseModel):
         description="Context-parallel ranks per sequence: every sequence is split over them "
         "(load-balanced chunks, keys/values gathered in attention) for rows too long for "
         "one device; data parallel over world_size / (cp x tp). Qwen2/2.5/3 and Qwen-VL "
-        "language towers.",
+        "language towers, and the Wan, SD3 and Cosmos diffusion transformers (their "
+        "latent tokens split).",
     )
     reshard_after_forward: bool = Field(
         default=True,
