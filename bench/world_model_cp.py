@@ -50,9 +50,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", default="/tmp/reasonctl-bench-world-model")
     args = parser.parse_args()
     # the options bench.world_model's config builder reads
-    args.micro_batch, args.compile, args.vae_batch = 0, False, 1
+    args.micro_batch, args.compile, args.vae_batch = 0, False, 0
     args.param_dtype, args.no_checkpointing, args.backend, args.nproc = \
         "float32", False, "fsdp", 1
+    args.checkpointing, args.cudnn_attention = "true", "auto"
     if args.size == "tiny":
         args.height = args.width = 32
         args.frames, args.group, args.sample_steps, args.train_steps = 5, 2, 3, 2
