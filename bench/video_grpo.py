@@ -47,11 +47,19 @@ from typing import Any
 
 import torch
 
-from bench.common import emit, environment, free_memory, log, now, tokenizer_dir
-from bench.common import trl_even_word_reward
+from bench.common import (
+    emit,
+    environment,
+    free_memory,
+    log,
+    now,
+    tokenizer_dir,
+    trl_even_word_reward,
+)
 from bench.video_common import (
     FRAME_SIDE,
     MODELS,
+    VISION_TOKENS,
     build_vl_model_dir,
     data_values,
     video_rows,
@@ -65,7 +73,8 @@ def parse_args() -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2_5_vl", choices=MODELS)
-    parser.add_argument("--size", default="full", choices=["full", "tiny"])
+    parser.add_argument("--size", default="full", choices=["full", "small", "tiny"],
+                        help="full: 7B/8B shapes; small: 3B/4B; tiny: CPU smoke.")
     parser.add_argument("--impls", default="reasonctl,trl")
     parser.add_argument("--steps", type=int, default=4, help="reasonctl steps (incl. warm-up).")
     parser.add_argument("--trl-steps", type=int, default=2)
@@ -238,6 +247,10 @@ def run_trl(model_dir: Path, data: Path, clips: list[Path], args: argparse.Names
         max_steps=args.trl_steps, save_strategy="no", report_to="none", disable_tqdm=True,
         seed=0, use_vllm=False, use_cpu=device == "cpu",
         optim="adamw_torch_fused" if device == "cuda" else "adamw_torch",
+        # as reasonctl's rollouts: never sample a vision token (TRL suppresses only the
+        # image placeholder; a sampled video placeholder would break its update)
+        generation_kwargs={"suppress_tokens": processor.tokenizer.convert_tokens_to_ids(
+            VISION_TOKENS)},
     )
     clock = Clock()
     trainer = GRPOTrainer(model=model, reward_funcs=[trl_even_word_reward], args=config,
