@@ -200,8 +200,12 @@ def one_thread() -> Any:
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
-def test_grpo_reward_rises_on_a_video_multiple_choice_task(tmp_path: Path) -> None:
+def test_grpo_learns_the_clips_colour_on_a_video_multiple_choice_task(tmp_path: Path) -> None:
+    """The video MCQ toy task on CPU (~2 minutes): from the random tiny VLM, one-letter
+    answers, the ``choice`` reward. Naming one letter for every clip earns at most 1/3, so a
+    reward well above that comes only from reading each clip's colour."""
     import json
 
     import reasonctl
@@ -215,7 +219,7 @@ def test_grpo_reward_rises_on_a_video_multiple_choice_task(tmp_path: Path) -> No
         "data": {"format": "jsonl", "jsonl": {"path": str(data / "rl.jsonl"), "fps": 2.0}},
         "algorithm": {"name": "grpo", "grpo": {"prompts_per_step": 8, "entropy_bonus": 0.01}},
         "rollout": {"n": 16, "max_new_tokens": 1, "hf": {"max_batch_size": 128}},
-        "train": {"lr": 5e-3, "max_steps": 22, "micro_batch_size": 64},
+        "train": {"lr": 5e-3, "max_steps": 45, "micro_batch_size": 64},
         "rewards": {"components": [{"name": "choice"}]},
         "checkpoint": {"export_final": False},
         "logging": {"loggers": ["jsonl"]},
@@ -224,9 +228,11 @@ def test_grpo_reward_rises_on_a_video_multiple_choice_task(tmp_path: Path) -> No
     assert result.status == "completed"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rewards = [row["reward/mean"] for row in rows]
-    # a random model names one of the three letters about 1% of the time; GRPO raises that
-    # (first the letters, then the clip's colour's letter)
-    assert sum(rewards[-4:]) / 4 - sum(rewards[:4]) / 4 >= 0.2, rewards
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    # a random model names one of the three letters ~1% of the time; GRPO first raises the
+    # letters, then the clip's colour's letter (reward ~1 by step 45 with this seed)
+    assert last - first >= 0.5, rewards
+    assert last >= 0.6, rewards  # well above the 1/3 that ignoring the video can reach
     assert max(row["rollout/logprob_gap"] for row in rows) < 1e-3
 
 
