@@ -15,6 +15,7 @@ from reasonctl.data.collate import collate, collate_shared_media
 from reasonctl.data.processing import ChatProcessor, EncodedSample
 
 MODELS = ["tiny-random-vl", "tiny-random-qwen3-vl"]
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +183,7 @@ def test_vision_prompts_through_the_kernel_chain_match_generate(
 def _video_quickstart_module() -> Any:
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "video_quickstart.py"
+    path = EXAMPLES / "video_quickstart.py"
     spec = importlib.util.spec_from_file_location("video_quickstart", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -203,9 +204,10 @@ def one_thread() -> Any:
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_grpo_learns_the_clips_colour_on_a_video_multiple_choice_task(tmp_path: Path) -> None:
-    """The video MCQ toy task on CPU (~2 minutes): from the random tiny VLM, one-letter
-    answers, the ``choice`` reward. Naming one letter for every clip earns at most 1/3, so a
-    reward well above that comes only from reading each clip's colour."""
+    """The video MCQ toy task on CPU (~2 minutes; ``quickstart_video_grpo_letters.toml``):
+    from the random tiny VLM, one-letter answers, the ``choice`` reward. Naming one letter
+    for every clip earns at most 1/3, so a reward well above that comes only from reading
+    each clip's colour."""
     import json
 
     import reasonctl
@@ -213,17 +215,10 @@ def test_grpo_learns_the_clips_colour_on_a_video_multiple_choice_task(tmp_path: 
     data = _video_quickstart_module().write_dataset(tmp_path / "data", clips_per_colour=4,
                                                     eval_per_colour=0)
     out = tmp_path / "run"
-    config = reasonctl.load_config(values={
-        "run": {"output_dir": str(out), "seed": 0},
-        "model": {"name_or_path": "tiny-random-vl", "max_length": 256},
-        "data": {"format": "jsonl", "jsonl": {"path": str(data / "rl.jsonl"), "fps": 2.0}},
-        "algorithm": {"name": "grpo", "grpo": {"prompts_per_step": 8, "entropy_bonus": 0.01}},
-        "rollout": {"n": 16, "max_new_tokens": 1, "hf": {"max_batch_size": 128}},
-        "train": {"lr": 5e-3, "max_steps": 45, "micro_batch_size": 64},
-        "rewards": {"components": [{"name": "choice"}]},
-        "checkpoint": {"export_final": False},
-        "logging": {"loggers": ["jsonl"]},
-    })
+    config = reasonctl.load_config(EXAMPLES / "configs" / "quickstart_video_grpo_letters.toml",
+                                   values={"run": {"output_dir": str(out)},
+                                           "data": {"jsonl": {"path": str(data / "rl.jsonl")}},
+                                           "logging": {"loggers": ["jsonl"]}})
     result = reasonctl.run(config)
     assert result.status == "completed"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
