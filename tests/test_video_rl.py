@@ -231,6 +231,37 @@ def test_grpo_learns_the_clips_colour_on_a_video_multiple_choice_task(tmp_path: 
     assert max(row["rollout/logprob_gap"] for row in rows) < 1e-3
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_video_quickstart_sft_then_grpo_raises_reward_and_held_out_accuracy(
+    tmp_path: Path,
+) -> None:
+    """The README's video quickstart with its configs (~1 minute on one thread): GRPO's
+    reward rises from the SFT model's and held-out accuracy ends above SFT's."""
+    import json
+
+    import reasonctl
+
+    data = _video_quickstart_module().write_dataset(tmp_path / "data")
+    configs = EXAMPLES / "configs"
+    sft = reasonctl.run(reasonctl.load_config(configs / "quickstart_video_sft.toml", values={
+        "run": {"output_dir": str(tmp_path / "sft")},
+        "data": {"jsonl": {"path": str(data / "sft.jsonl")}},
+        "logging": {"loggers": ["jsonl"]}}))
+    assert sft.status == "completed" and sft.export_dir is not None
+    out = tmp_path / "grpo"
+    grpo = reasonctl.run(reasonctl.load_config(configs / "quickstart_video_grpo.toml", values={
+        "run": {"output_dir": str(out)}, "model": {"name_or_path": str(sft.export_dir)},
+        "data": {"jsonl": {"path": str(data / "rl.jsonl")}},
+        "eval": {"data": str(data / "eval.jsonl")}, "logging": {"loggers": ["jsonl"]}}))
+    assert grpo.status == "completed"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    choice = [row["reward/choice/mean"] for row in rows]
+    assert sum(choice[-10:]) / 10 - sum(choice[:10]) / 10 >= 0.25, choice
+    accuracy = [row["eval/accuracy"] for row in rows if "eval/accuracy" in row]
+    assert accuracy[-1] >= 0.9, accuracy  # the SFT model: 8 of 12 held-out clips
+
+
 def test_grpo_skips_unreadable_videos_and_too_long_prompts_and_lists_them(
     tmp_path: Path, media: dict[str, Path]
 ) -> None:
