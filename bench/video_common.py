@@ -1,12 +1,13 @@
 """Shared pieces of the video benchmarks: VLM shapes, random models, clips and prompts.
 
 The models are Qwen2.5-VL-7B- or Qwen3-VL-8B-shaped (``--size full``) with random weights
-(seed 0), saved once in bfloat16, or tiny versions of both (``--size tiny``, for CPU smoke
-runs). The tokenizer is the word-level one of :mod:`bench.common` (any sampled id decodes
-to text) with Qwen's vision tokens added, saved with the processor settings in the model
-directory's ``tokenizer/``. Clips are random noise, 8 frames of 448x448 at 2 fps
-(``--size tiny``: 64x64), sampled at 2 fps: 8 frames, about 1k vision tokens per prompt
-with Qwen2.5-VL (784 + timestamps with Qwen3-VL); each prompt adds a 64-word question.
+(seed 0), saved once in bfloat16, Qwen2.5-VL-3B- or Qwen3-VL-4B-shaped (``--size small``),
+or tiny versions of both (``--size tiny``, for CPU smoke runs). The tokenizer is the
+word-level one of :mod:`bench.common` (any sampled id decodes to text) with Qwen's vision
+tokens added, saved with the processor settings in the model directory's ``tokenizer/``.
+Clips are random noise, 8 frames of 448x448 at 2 fps (``--size tiny``: 64x64), sampled at
+2 fps: 8 frames, about 1k vision tokens per prompt with Qwen2.5-VL (784 + timestamps with
+Qwen3-VL); each prompt adds a 64-word question.
 """
 
 from __future__ import annotations
@@ -40,7 +41,16 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant ' -}}{%- endif -%}"
 )
 QUESTION_WORDS = 64
-FRAME_SIDE = {"full": 448, "tiny": 64}
+FRAME_SIDE = {"full": 448, "small": 448, "tiny": 64}
+# ``--size small``: the Qwen2.5-VL-3B / Qwen3-VL-4B shapes (same vision work per frame)
+SMALL_TEXT = {"qwen2_5_vl": dict(hidden_size=2048, intermediate_size=11008,
+                                 num_hidden_layers=36, num_attention_heads=16,
+                                 num_key_value_heads=2),
+              "qwen3_vl": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                               num_attention_heads=32, num_key_value_heads=8, head_dim=128)}
+SMALL_VISION = {"qwen2_5_vl": {},
+                "qwen3_vl": dict(depth=24, hidden_size=1024, intermediate_size=4096,
+                                 deepstack_visual_indexes=[5, 11, 17])}
 
 
 def build_tokenizer() -> Any:
@@ -73,7 +83,8 @@ def _ids(tokenizer: Any) -> dict[str, int]:
 
 
 def vl_config(model: str, size: str, tokenizer: Any) -> Any:
-    """The config of a Qwen2.5-VL-7B / Qwen3-VL-8B shape (or a tiny one)."""
+    """The config of a Qwen2.5-VL-7B / Qwen3-VL-8B shape (``small``: 3B / 4B; or a tiny
+    one)."""
     from transformers import Qwen2_5_VLConfig, Qwen3VLConfig
 
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -93,6 +104,9 @@ def vl_config(model: str, size: str, tokenizer: Any) -> Any:
                       temporal_patch_size=2, window_size=112,
                       fullatt_block_indexes=[1] if tiny else [7, 15, 23, 31],
                       tokens_per_second=2)
+        if size == "small":
+            text.update(SMALL_TEXT[model])
+            vision.update(SMALL_VISION[model], out_hidden_size=text["hidden_size"])
         return Qwen2_5_VLConfig(text_config=text, vision_config=vision,
                                 tie_word_embeddings=False, **_ids(tokenizer))
     text = dict(vocab_size=151936, hidden_size=64 if tiny else 4096,
@@ -109,6 +123,9 @@ def vl_config(model: str, size: str, tokenizer: Any) -> Any:
                   out_hidden_size=text["hidden_size"], patch_size=16, spatial_merge_size=2,
                   temporal_patch_size=2, num_position_embeddings=64 if tiny else 2304,
                   deepstack_visual_indexes=[0] if tiny else [8, 16, 24])
+    if size == "small":
+        text.update(SMALL_TEXT[model])
+        vision.update(SMALL_VISION[model], out_hidden_size=text["hidden_size"])
     return Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False,
                          **_ids(tokenizer))
 

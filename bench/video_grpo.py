@@ -1,39 +1,46 @@
-"""GRPO step time with video prompts: reasonctl's GRPO against TRL's GRPOTrainer (no vLLM).
+"""GRPO step time with video prompts as users run it: ``reasonctl run --algo grpo`` against
+TRL's GRPOTrainer (no vLLM), in the same job.
 
 Workload (both sides): a random Qwen2.5-VL-7B- or Qwen3-VL-8B-shaped model (same bf16
-initial weights), 8 prompts x 8 completions = 64 completions per optimizer step, each
-prompt a clip (8 frames of 448x448 at 2 fps) and a 64-word question, up to
-``--max-new-tokens`` sampled tokens at temperature 1, a cheap rule reward (the fraction of
-even word ids), group-normalised advantages, token-mean clipped loss (TRL
+initial weights, saved as a model directory), 8 prompts x 8 completions = 64 completions
+per optimizer step, each prompt a clip (8 frames of 448x448 at 2 fps) and a 64-word
+question, up to ``--max-new-tokens`` sampled tokens at temperature 1, a cheap rule reward
+(the fraction of even word ids), group-normalised advantages, token-mean clipped loss (TRL
 ``loss_type="dapo"``), no KL term, one optimizer step per rollout, bf16 weights, gradient
 checkpointing, ``--micro-batch`` completions per forward/backward pass.
 
-reasonctl runs its ``grpo`` algorithm step by step on the run's composition (the data read
-from a JSONL file by the ``jsonl`` format, the processor, the ``hf`` engine sharing the
-policy weights: video prompts decode on the static path; the update runs the vision tower
-once per prompt). ``--steps 20`` is the stability run: allocated GPU memory after every
-step shows whether anything accumulates.
+reasonctl's side is a real ``python -m reasonctl run --algo grpo --config <file>`` in its
+own process (the clips and JSONL rows written here, read by the ``jsonl`` format; the
+``hf`` engine shares the policy weights, video prompts decode on the static path, the
+update runs the vision tower once per prompt). Its step time is the mean ``step_time_s`` of
+the steps after ``--warmup`` in the run's ``metrics.jsonl``; its memory is the run's
+``peak_mem_gb`` (most CUDA memory allocated so far) and ``mem_allocated_gb`` (allocated at
+the step's end) of every step. ``--steps 20`` is the stability run: the summary's
+``memory`` reports the growth of both between step 5 and the last step.
 
-TRL 1.x's GRPOTrainer takes images but no video tensors in its forward pass, so its prompts
+TRL 1.16's GRPOTrainer takes images (an ``images`` column) but no video, so its prompts
 carry each clip as 4 images of 448x448 (the first frame of each pair of frames: one image
 per temporal patch), the same number of vision tokens and the same vision-tower work as
-the clip. Its step time is wall time between optimizer-step ends; it needs ``trl`` and
-``torchvision`` (the Hugging Face image processor). If TRL fails, its error is recorded and
-reasonctl's figures still print.
+the clip. Its step time is the wall time between optimizer-step ends (after ``--warmup``);
+it needs ``trl`` and ``torchvision`` (the Hugging Face image processor). If TRL fails, its
+error is recorded and reasonctl's figures still print.
 
-    python -m bench.video_grpo --model qwen2_5_vl
-    python -m bench.video_grpo --model qwen3_vl
-    python -m bench.video_grpo --model qwen2_5_vl --impls reasonctl --steps 20   # stability
-    python -m bench.video_grpo --size tiny --max-new-tokens 8                     # CPU smoke
+    python -m bench.video_grpo --model qwen2_5_vl --steps 4 --trl-steps 2
+    python -m bench.video_grpo --model qwen2_5_vl --impls reasonctl --steps 20   # memory
+    python -m bench.video_grpo --size tiny --max-new-tokens 8 --steps 3          # CPU smoke
 
-The last line printed is a JSON summary.
+The last line printed is a JSON summary: both step times, ``speedup`` (TRL's step time over
+reasonctl's; target >= 10), peak memory of both and reasonctl's memory per step.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import traceback
 from pathlib import Path
 from typing import Any
@@ -46,27 +53,30 @@ from bench.common import (
     free_memory,
     log,
     now,
-    reasonctl_backend,
     tokenizer_dir,
     trl_even_word_reward,
 )
 from bench.video_common import (
     FRAME_SIDE,
     MODELS,
+    VISION_TOKENS,
     build_vl_model_dir,
     data_values,
     video_rows,
     write_clips,
 )
 
+MEMORY_FROM_STEP = 5
+
 
 def parse_args() -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2_5_vl", choices=MODELS)
-    parser.add_argument("--size", default="full", choices=["full", "tiny"])
+    parser.add_argument("--size", default="full", choices=["full", "small", "tiny"],
+                        help="full: 7B/8B shapes; small: 3B/4B; tiny: CPU smoke.")
     parser.add_argument("--impls", default="reasonctl,trl")
-    parser.add_argument("--steps", type=int, default=3, help="reasonctl steps (incl. warm-up).")
+    parser.add_argument("--steps", type=int, default=4, help="reasonctl steps (incl. warm-up).")
     parser.add_argument("--trl-steps", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--prompts-per-step", type=int, default=8)
@@ -85,71 +95,88 @@ def prepare(args: argparse.Namespace) -> tuple[Path, list[Path], Path]:
     out = Path(args.out)
     model_dir = build_vl_model_dir(out / "models", args.model, args.size)
     clips = write_clips(out / "clips", args.prompts_per_step, args.size)
-    data = out / "run" / "video_grpo" / "prompts.jsonl"
+    data = out / "video_grpo" / "prompts.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)
     rows = video_rows(clips, args.prompts_per_step * max(args.steps, args.trl_steps, 1))
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return model_dir, clips, data
 
 
-def run_reasonctl(model_dir: Path, data: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """reasonctl's GRPO step by step; per-step metrics and memory."""
-    from reasonctl.algorithms.grpo import GRPO
-    from reasonctl.core.composition import compose
-    from reasonctl.core.protocols import algorithm_needs
-
-    out = data.parent
-    backend, ctx = reasonctl_backend(model_dir, out, values={
-        "model": {"max_length": 8192, "tokenizer": str(tokenizer_dir(model_dir)),
+def run_config(model_dir: Path, data: Path, run_dir: Path, args: argparse.Namespace
+               ) -> dict[str, Any]:
+    """The config file of reasonctl's run."""
+    return {
+        "run": {"name": "bench_video_grpo", "output_dir": str(run_dir), "seed": 0},
+        "model": {"name_or_path": str(model_dir), "tokenizer": str(tokenizer_dir(model_dir)),
+                  "dtype": "bfloat16", "max_length": 8192,
                   "gradient_checkpointing": not args.no_gradient_checkpointing},
         "data": {**data_values(data, args.size), "shuffle": False},
         "algorithm": {"name": "grpo", "grpo": {
             "prompts_per_step": args.prompts_per_step, "loss_aggregation": "token-mean",
             "kl_beta": 0.0, "scale_rewards": "group"}},
-        "rollout": {"engine": "hf", "n": args.group, "temperature": 1.0,
-                    "max_new_tokens": args.max_new_tokens},
+        "rollout": {"engine": "hf", "n": args.group, "temperature": 1.0, "top_p": 1.0,
+                    "top_k": 0, "max_new_tokens": args.max_new_tokens},
         "rewards": {"components": [{"name": "bench.common:even_word_reward"}]},
-        "train": {"lr": args.lr, "micro_batch_size": args.micro_batch, "max_steps": args.steps},
-    })
-    options = ctx.component_config("algorithm", "grpo")
-    algorithm = GRPO(options)
-    compose(ctx, algorithm_needs(algorithm, options))
-    algorithm.setup(ctx)
-    steps: list[dict[str, float]] = []
-    for index in range(args.steps):
-        started = now()
-        metrics = dict(algorithm.step(ctx))
-        metrics["wall_s"] = now() - started
-        ctx.step += 1
-        if torch.cuda.is_available():
-            metrics["mem_allocated_gb"] = torch.cuda.memory_allocated() / 1e9
-            metrics["mem_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
-        steps.append(metrics)
-        log(f"reasonctl step {index}: {metrics['wall_s']:.3f} s (rollout "
-            f"{metrics['time/rollout_s']:.3f}, logprob {metrics['time/logprob_s']:.3f}, "
-            f"update {metrics['time/update_s']:.3f}), reward {metrics['reward/mean']:.4f}, "
-            f"len {metrics['response_length/mean']:.0f}, "
-            f"rollout {metrics['rollout/tokens_per_s']:.0f} tok/s, "
-            f"gap {metrics['rollout/logprob_gap']:.4f}, "
-            f"mem {metrics.get('mem_allocated_gb', 0):.2f}/{metrics.get('mem_peak_gb', 0):.2f} GB")
-    decode = getattr(getattr(ctx.engine, "last_stats", None), "decode", None)
-    backend.close()
-    timed = steps[args.warmup :] or steps
-    keys = ("wall_s", "time/rollout_s", "time/reward_s", "time/logprob_s", "time/update_s")
-    result: dict[str, Any] = {k: statistics.fmean(s[k] for s in timed) for k in keys}
-    result["rollout_tokens_per_s"] = statistics.fmean(s["rollout/tokens_per_s"] for s in timed)
-    result["rollout_decode"] = decode
-    result["response_length"] = statistics.fmean(s["response_length/mean"] for s in timed)
-    result["logprob_gap_max"] = max(s["rollout/logprob_gap"] for s in steps)
-    if torch.cuda.is_available():
-        allocated = [s["mem_allocated_gb"] for s in steps]
-        result["memory_gb"] = {
-            "allocated_first": allocated[0], "allocated_last": allocated[-1],
-            "allocated_max": max(allocated), "peak": max(s["mem_peak_gb"] for s in steps),
-            "allocated_growth_after_step_1": allocated[-1] - allocated[min(1, len(allocated) - 1)],
-        }
-    result["steps"] = len(steps)
-    return result
+        "train": {"lr": args.lr, "max_steps": args.steps, "micro_batch_size": args.micro_batch,
+                  "schedule": "constant", "weight_decay": 0.0, "max_grad_norm": 1.0},
+        "backend": {"name": "single"},
+        "checkpoint": {"every_steps": 0, "export_final": False},
+        "logging": {"loggers": ["jsonl"], "plot": False},
+    }
+
+
+def memory_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Memory of every step and its growth from step ``MEMORY_FROM_STEP`` (or the first
+    step, in shorter runs) to the last; None where the run recorded none (CPU)."""
+    if not any("peak_mem_gb" in r for r in rows):
+        return None
+    peak = [round(r.get("peak_mem_gb", 0.0), 3) for r in rows]
+    allocated = [round(r.get("mem_allocated_gb", 0.0), 3) for r in rows]
+    start = min(MEMORY_FROM_STEP, len(rows)) - 1
+    return {"peak_gb": max(peak), "from_step": start + 1, "to_step": len(rows),
+            "peak_growth_gb": round(peak[-1] - peak[start], 3),
+            "allocated_growth_gb": round(allocated[-1] - allocated[start], 3),
+            "peak_per_step": peak, "allocated_per_step": allocated}
+
+
+def run_reasonctl(model_dir: Path, data: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``reasonctl run --algo grpo --config <file>`` in its own process; step time and
+    memory from its ``metrics.jsonl``."""
+    import tomli_w
+
+    out = data.parent
+    run_dir = out / "reasonctl"
+    path = out / "reasonctl.toml"
+    path.write_text(tomli_w.dumps(run_config(model_dir, data, run_dir, args)))
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    command = [sys.executable, "-m", "reasonctl", "run", "--algo", "grpo", "--config", str(path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path.cwd()), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    started = now()
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        log(done.stderr[-4000:])
+        return {"ok": False, "rc": done.returncode, "command": " ".join(command)}
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    timed = [r for r in rows if r["step"] > args.warmup] or rows
+
+    def mean(key: str) -> float | None:
+        values = [r[key] for r in timed if key in r]
+        return round(statistics.fmean(values), 4) if values else None
+
+    for row in rows:
+        log(f"reasonctl step {row['step']}: {row['step_time_s']:.3f} s (rollout "
+            f"{row.get('time/rollout_s', 0):.3f}, update {row.get('time/update_s', 0):.3f}), "
+            f"reward {row['reward/mean']:.4f}, len {row['response_length/mean']:.0f}, "
+            f"peak {row.get('peak_mem_gb', 0):.2f} GB")
+    return {"ok": True, "command": " ".join(command), "run_wall_s": round(now() - started, 1),
+            "step_s": mean("step_time_s"), "rollout_s": mean("time/rollout_s"),
+            "logprob_s": mean("time/logprob_s"), "update_s": mean("time/update_s"),
+            "rollout_tokens_per_s": mean("rollout/tokens_per_s"),
+            "response_length": mean("response_length/mean"),
+            "logprob_gap_max": max((r.get("rollout/logprob_gap", 0.0) for r in rows),
+                                   default=None),
+            "steps": len(rows), "memory": memory_summary(rows)}
 
 
 def clip_images(clip: Path, size: str) -> list[Any]:
@@ -163,11 +190,24 @@ def clip_images(clip: Path, size: str) -> list[Any]:
     return [Image.fromarray(frames[i]).resize((side, side)) for i in range(0, 8, 2)]
 
 
+def trl_dataset(data: Path, clips: list[Path], args: argparse.Namespace) -> Any:
+    """TRL's rows: the question as a user turn and the clip's 4 frames in ``images`` (TRL
+    puts the image placeholders before the text)."""
+    from datasets import Dataset
+
+    images = {str(c): clip_images(c, args.size) for c in clips}
+    prompts, frames = [], []
+    for line in data.read_text().splitlines()[: args.prompts_per_step * args.trl_steps]:
+        video, question = json.loads(line)["prompt"]
+        prompts.append([{"role": "user", "content": question}])
+        frames.append(images[video["video"]])
+    return Dataset.from_dict({"prompt": prompts, "images": frames})
+
+
 def run_trl(model_dir: Path, data: Path, clips: list[Path], args: argparse.Namespace
             ) -> dict[str, Any]:
     """TRL's GRPOTrainer on the same workload (clips as 4 images each, see the module
     docstring); step time between optimizer-step ends."""
-    from datasets import Dataset
     from transformers import AutoModelForImageTextToText, AutoProcessor, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -181,7 +221,7 @@ def run_trl(model_dir: Path, data: Path, clips: list[Path], args: argparse.Names
 
         def on_step_end(self, *_: Any, **__: Any) -> None:
             self.ends.append(now())
-            log(f"trl step {len(self.ends) - 2}: {self.ends[-1] - self.ends[-2]:.3f} s")
+            log(f"trl step {len(self.ends) - 1}: {self.ends[-1] - self.ends[-2]:.3f} s")
 
         def on_log(self, *_: Any, logs: dict[str, float] | None = None, **__: Any) -> None:
             if logs:
@@ -189,15 +229,11 @@ def run_trl(model_dir: Path, data: Path, clips: list[Path], args: argparse.Names
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     processor = AutoProcessor.from_pretrained(tokenizer_dir(model_dir))
-    images = {str(c): clip_images(c, args.size) for c in clips}
-    prompts = []
-    for line in data.read_text().splitlines()[: args.prompts_per_step * args.trl_steps]:
-        video, question = json.loads(line)["prompt"]
-        parts = [{"type": "image", "image": image} for image in images[video["video"]]]
-        prompts.append([{"role": "user", "content": [*parts, {"type": "text",
-                                                              "text": question}]}])
+    dataset = trl_dataset(data, clips, args)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.bfloat16)
     model.to(device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     total = args.prompts_per_step * args.group
     config = GRPOConfig(
         output_dir=str(Path(args.out) / "trl-video-grpo"),
@@ -211,30 +247,38 @@ def run_trl(model_dir: Path, data: Path, clips: list[Path], args: argparse.Names
         max_steps=args.trl_steps, save_strategy="no", report_to="none", disable_tqdm=True,
         seed=0, use_vllm=False, use_cpu=device == "cpu",
         optim="adamw_torch_fused" if device == "cuda" else "adamw_torch",
+        # as reasonctl's rollouts: never sample a vision token (TRL suppresses only the
+        # image placeholder; a sampled video placeholder would break its update)
+        generation_kwargs={"suppress_tokens": processor.tokenizer.convert_tokens_to_ids(
+            VISION_TOKENS)},
     )
     clock = Clock()
     trainer = GRPOTrainer(model=model, reward_funcs=[trl_even_word_reward], args=config,
-                          train_dataset=Dataset.from_dict({"prompt": prompts}),
-                          processing_class=processor, callbacks=[clock])
+                          train_dataset=dataset, processing_class=processor,
+                          callbacks=[clock])
     trainer.train()
     times = [b - a for a, b in zip(clock.ends, clock.ends[1:], strict=False)]
     timed = times[args.warmup :] or times
     lengths = [entry["completions/mean_length"] for entry in clock.logs
                if "completions/mean_length" in entry]
     del trainer
-    return {"wall_s": statistics.fmean(timed), "step_times": times,
+    return {"ok": True, "step_s": round(statistics.fmean(timed), 4),
+            "step_times": [round(t, 3) for t in times],
             "response_length": statistics.fmean(lengths) if lengths else None,
-            "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else 0.0}
+            "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 3)
+            if device == "cuda" else None}
 
 
 def main() -> None:
     """Run the implementations and print the comparison."""
     args = parse_args()
     model_dir, clips, data = prepare(args)
+    free_memory()
     summary: dict[str, Any] = {
         "bench": "video_grpo", "model": args.model, "size": args.size,
         "completions": args.prompts_per_step * args.group,
-        "max_new_tokens": args.max_new_tokens, **environment(), "results": {},
+        "max_new_tokens": args.max_new_tokens, "trl_input": "each clip as 4 images",
+        **environment(), "results": {},
     }
     for impl in args.impls.split(","):
         free_memory()
@@ -246,14 +290,17 @@ def main() -> None:
                 summary["results"][impl] = run_trl(model_dir, data, clips, args)
         except Exception as exc:  # a failing baseline must not hide the other figures
             log(traceback.format_exc())
-            summary["results"][impl] = {"error": f"{type(exc).__name__}: {exc}"}
-            continue
-        log(f"{impl}: {summary['results'][impl]['wall_s']:.3f} s/step")
-    results = summary["results"]
-    if "wall_s" in results.get("reasonctl", {}) and "wall_s" in results.get("trl", {}):
-        summary["speedup"] = results["trl"]["wall_s"] / results["reasonctl"]["wall_s"]
-        log(f"reasonctl {results['reasonctl']['wall_s']:.3f} s/step vs TRL "
-            f"{results['trl']['wall_s']:.3f} s/step: {summary['speedup']:.2f}x")
+            summary["results"][impl] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    mine = summary["results"].get("reasonctl", {})
+    theirs = summary["results"].get("trl", {})
+    if mine.get("ok") and theirs.get("ok"):
+        summary["speedup"] = round(theirs["step_s"] / mine["step_s"], 2)
+        summary["target_met"] = summary["speedup"] >= 10
+        log(f"reasonctl {mine['step_s']:.3f} s/step vs TRL {theirs['step_s']:.3f} s/step: "
+            f"{summary['speedup']:.2f}x")
+    summary["peak_mem_gb"] = {
+        "reasonctl": (mine.get("memory") or {}).get("peak_gb"),
+        "trl": theirs.get("peak_mem_gb")}
     emit(summary)
 
 

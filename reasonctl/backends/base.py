@@ -301,10 +301,12 @@ class TorchBackend:
         return peak_flops(torch.cuda.get_device_name(self.device))
 
     def memory_metrics(self) -> Metrics:
-        """``peak_mem_gb`` (max allocated since start) on CUDA; empty elsewhere."""
+        """On CUDA ``peak_mem_gb`` (max allocated since start) and ``mem_allocated_gb``
+        (allocated now, at the step's end: what a leak grows); empty elsewhere."""
         if self.device.type != "cuda":
             return {}
-        return {"peak_mem_gb": torch.cuda.max_memory_allocated(self.device) / 1e9}
+        return {"peak_mem_gb": torch.cuda.max_memory_allocated(self.device) / 1e9,
+                "mem_allocated_gb": torch.cuda.memory_allocated(self.device) / 1e9}
 
     # --- checkpoints ----------------------------------------------------------------------
 
