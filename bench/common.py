@@ -132,9 +132,19 @@ def even_word_reward(completions: Sequence[str], samples: Sequence[Any]) -> list
     return [_even_fraction(text) for text in completions]
 
 
-def trl_even_word_reward(completions: Sequence[str], **_: Any) -> list[float]:
-    """:func:`even_word_reward` with TRL's reward-function signature."""
-    return [_even_fraction(text) for text in completions]
+def trl_even_word_reward(completions: Sequence[Any], **_: Any) -> list[float]:
+    """:func:`even_word_reward` with TRL's reward-function signature (plain completions, or
+    conversational ones: a list of messages whose last content is the completion)."""
+    return [_even_fraction(_completion_text(c)) for c in completions]
+
+
+def _completion_text(completion: Any) -> str:
+    if isinstance(completion, str):
+        return completion
+    content = completion[-1]["content"]
+    if isinstance(content, str):
+        return content
+    return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
 def _even_fraction(text: str) -> float:

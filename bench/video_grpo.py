@@ -119,7 +119,9 @@ def run_config(model_dir: Path, data: Path, run_dir: Path, args: argparse.Namesp
         "rewards": {"components": [{"name": "bench.common:even_word_reward"}]},
         "train": {"lr": args.lr, "max_steps": args.steps, "micro_batch_size": args.micro_batch,
                   "schedule": "constant", "weight_decay": 0.0, "max_grad_norm": 1.0},
-        "backend": {"name": "single"},
+        # bf16 weights and optimizer state, as TRL trains the bf16 model it is given (float32
+        # master weights and AdamW state of an 8B model do not fit one 141 GB GPU)
+        "backend": {"name": "single", "single": {"param_dtype": "compute"}},
         "checkpoint": {"every_steps": 0, "export_final": False},
         "logging": {"loggers": ["jsonl"], "plot": False},
     }
