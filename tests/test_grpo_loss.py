@@ -202,30 +202,6 @@ def test_rollouts_of_an_older_policy_get_truncated_importance_weights() -> None:
     assert float(plain) == pytest.approx(-1.0) and "is_weight/mean" not in plain_metrics
 
 
-def test_importance_weighted_group_baselines() -> None:
-    """Completions of an older policy: each group's mean and std are weighted by the
-    completions' importance weights (self-normalised); equal weights change nothing and a
-    group whose weights vanish is left unweighted."""
-    from reasonctl.algorithms.grpo_loss import sequence_weight
-
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
-    plain = group_advantages(rewards, 4)
-    assert group_advantages(rewards, 4, weights=torch.full((4,), 0.3)).tolist() == \
-        pytest.approx(plain.tolist())
-    assert group_advantages(rewards, 4, weights=torch.zeros(4)).tolist() == \
-        pytest.approx(plain.tolist())
-    # weights 3, 1, 1, 1: mean (3 + 1) / 6 = 2/3; variance sum(share * c^2) / 3 = 8/27
-    # with shares w * 4 / 6 = 2, 2/3, 2/3, 2/3
-    got = group_advantages(rewards, 4, weights=torch.tensor([3.0, 1.0, 1.0, 1.0]))
-    std = math.sqrt(8 / 27)
-    assert got.tolist() == pytest.approx([x / std for x in (1 / 3, -2 / 3, -2 / 3, 1 / 3)],
-                                         rel=1e-5)
-    logprobs = torch.tensor([-1.0, -2.0])
-    assert sequence_weight(logprobs, [-1.5, -2.0], 2.0) == pytest.approx(math.exp(0.5))
-    assert sequence_weight(logprobs, [-3.0, -2.0], 2.0) == 2.0
-    assert sequence_weight(None, [-3.0], 2.0) == 1.0
-
-
 def test_gspo_with_token_sums_is_warned_about() -> None:
     from reasonctl.algorithms.grpo_config import GRPOConfig
 

@@ -58,7 +58,6 @@ from reasonctl.algorithms.grpo_loss import (
     group_advantages,
     policy_loss,
     reward_moments,
-    sequence_weight,
     std_from_moments,
 )
 from reasonctl.algorithms.policy_batch import (
@@ -240,7 +239,7 @@ class GRPO:
         backend = _backend(ctx)
         started = time.perf_counter()
         rollout = self._rollout(ctx)
-        scored = rollout.pending is None and not self.reweighted
+        scored = rollout.pending is None
         rows = self._training_rows(rollout, backend) if scored else self._unscored_rows(rollout)
         metrics: Metrics = {}
         stats = _PolicyStats()
@@ -359,13 +358,10 @@ class GRPO:
 
     # --- training rows ----------------------------------------------------------------------
 
-    def _training_rows(self, rollout: _Rollout, backend: Backend,
-                       weights: dict[tuple[int, int], float] | None = None
-                       ) -> list[PolicyRow]:
+    def _training_rows(self, rollout: _Rollout, backend: Backend) -> list[PolicyRow]:
         """Rows with advantages; a completion no reward scored (all ``None``) is left out
         of the baselines and gets advantage 0. ``scale_rewards = "batch"`` divides by the
-        std of the rewards of every process's kept groups. ``weights`` (by group index and
-        completion) weight each group's mean and std (:func:`group_advantages`)."""
+        std of the rewards of every process's kept groups."""
         scale = self.config.scale_rewards
         groups = [rollout.groups[i] for i in rollout.kept]
         rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float64)
@@ -385,12 +381,8 @@ class GRPO:
                            "advantage 0 and are left out of their group's baseline (check that "
                            "some reward applies to every prompt)", int((~valid).sum()),
                            valid.numel())
-        weight = None
-        if weights is not None:
-            weight = torch.tensor([weights[(i, id(c))] for i, g in enumerate(groups)
-                                   for c in g.completions], dtype=torch.float64)
         advantages = group_advantages(rewards, len(groups[0].completions), scale=scale,
-                                      valid=valid, batch_std=batch_std, weights=weight)
+                                      valid=valid, batch_std=batch_std)
         return policy_rows(groups, advantages.tolist(), mask_truncated=self.config.mask_truncated)
 
     def _unscored_rows(self, rollout: _Rollout) -> list[PolicyRow]:
@@ -401,22 +393,15 @@ class GRPO:
 
     def _collect_rewards(self, ctx: RunContext, rollout: _Rollout,
                          unscored: Sequence[PolicyRow]) -> list[PolicyRow]:
-        """Wait for the submitted rewards (if any are pending), then the training rows with
-        their advantages (weighted by the completions' importance weights when
-        :attr:`reweighted`) and the log-probs already computed for ``unscored``."""
-        if rollout.pending is not None:
-            waited = time.perf_counter()
-            collect_groups(ctx, rollout.groups, rollout.pending)
-            rollout.pending = None
-            rollout.reward_wait_seconds = time.perf_counter() - waited
-            rollout.reward_seconds += rollout.reward_wait_seconds
-        weights = None
-        if self.reweighted:
-            assert self.loss_settings is not None and self.loss_settings.behaviour_cap
-            weights = {(r.group, id(r.completion)): sequence_weight(
-                r.old_logprobs, r.completion.logprobs, self.loss_settings.behaviour_cap)
-                for r in unscored}
-        rows = self._training_rows(rollout, _backend(ctx), weights)
+        """Wait for the submitted rewards, then the training rows with their advantages and
+        the log-probs already computed for ``unscored``."""
+        assert rollout.pending is not None
+        waited = time.perf_counter()
+        collect_groups(ctx, rollout.groups, rollout.pending)
+        rollout.pending = None
+        rollout.reward_wait_seconds = time.perf_counter() - waited
+        rollout.reward_seconds += rollout.reward_wait_seconds
+        rows = self._training_rows(rollout, _backend(ctx))
         computed = {(r.group, id(r.completion)): r for r in unscored}
         for row in rows:
             done = computed[(row.group, id(row.completion))]
@@ -426,19 +411,9 @@ class GRPO:
     # --- log-probs before the update ------------------------------------------------------
 
     @property
-    def reweighted(self) -> bool:
-        """True for rollouts of an older policy (separate workers, ``max_staleness > 0``):
-        the trainer's log-probs are computed before the advantages, whose group baselines
-        and scales are then weighted by each completion's importance weight."""
-        return self.feed is not None and self.loss_settings is not None \
-            and self.loss_settings.behaviour_cap is not None
-
-    @property
     def on_policy(self) -> bool:
-        """True when each rollout feeds exactly one optimizer step of the policy that
-        generated it (so the update's own forward pass gives the old log-probs)."""
-        return self.config.ppo_epochs == 1 and self.config.mini_batches == 1 \
-            and not self.reweighted
+        """True when each rollout feeds exactly one optimizer step."""
+        return self.config.ppo_epochs == 1 and self.config.mini_batches == 1
 
     def _old_logprobs(self, ctx: RunContext, backend: Backend, rows: Sequence[PolicyRow],
                       stats: _PolicyStats) -> None:

@@ -22,8 +22,6 @@ Knobs and the papers they come from:
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -47,7 +45,6 @@ def group_advantages(
     eps: float = 1e-6,
     valid: torch.Tensor | None = None,
     batch_std: float | None = None,
-    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Advantages of rewards laid out as consecutive groups of ``group_size`` completions.
 
@@ -61,11 +58,6 @@ def group_advantages(
     reward returned ``None``) are left out of the means and deviations and get advantage
     0 (TRL instead sums their rewards to 0 and keeps them in the baseline). Returns a
     tensor shaped like ``rewards``.
-
-    ``weights`` (non-negative, shaped like ``rewards``) make the group's mean and standard
-    deviation self-normalised weighted estimates: with the importance weights of
-    completions sampled from an older (behaviour) policy, the baseline and scale of the
-    policy being trained. A group whose weights sum to (almost) nothing is left unweighted.
     """
     if rewards.ndim != 1 or rewards.numel() % group_size:
         raise ValueError(
@@ -78,34 +70,16 @@ def group_advantages(
             else valid.to(torch.bool)).view(-1, group_size)
     grouped = torch.where(mask, rewards.double().view(-1, group_size), 0.0)
     count = mask.sum(dim=1, keepdim=True).double()
-    share = mask.double()  # each valid completion's share of its group: 1, or its weight
-    if weights is not None:
-        weighted = torch.where(mask, weights.double().view(-1, group_size).clamp(min=0.0), 0.0)
-        total = weighted.sum(dim=1, keepdim=True)
-        usable = total > 1e-6
-        share = torch.where(usable, weighted * count / total.clamp(min=1e-12), share)
-    mean = (share * grouped).sum(dim=1, keepdim=True) / count.clamp(min=1.0)
+    mean = grouped.sum(dim=1, keepdim=True) / count.clamp(min=1.0)
     centred = torch.where(mask, grouped - mean, 0.0)
     if scale == "group":
-        variance = (share * centred.square()).sum(dim=1, keepdim=True) / (count - 1).clamp(
-            min=1.0)
+        variance = centred.square().sum(dim=1, keepdim=True) / (count - 1).clamp(min=1.0)
         centred = centred / (variance.sqrt() + eps)
     elif scale == "batch":
         std = batch_std if batch_std is not None else std_from_moments(
             *reward_moments(rewards, valid))
         centred = centred / (std + eps)
     return centred.view(-1).to(rewards.dtype if rewards.is_floating_point() else torch.float32)
-
-
-def sequence_weight(logprobs: torch.Tensor | None, behaviour_logprobs: Sequence[float],
-                    cap: float) -> float:
-    """A completion's truncated importance weight ``min(pi(y) / pi_behaviour(y), cap)``
-    from its per-token log-probs under both policies (1 without ``logprobs``)."""
-    if logprobs is None or not len(behaviour_logprobs):
-        return 1.0
-    behaviour = torch.tensor(list(behaviour_logprobs), dtype=torch.float64)
-    log_ratio = float((logprobs.double()[: behaviour.numel()] - behaviour).sum())
-    return min(math.exp(max(min(log_ratio, LOG_RATIO_LIMIT), -LOG_RATIO_LIMIT)), cap)
 
 
 def reward_moments(rewards: torch.Tensor, valid: torch.Tensor | None = None
