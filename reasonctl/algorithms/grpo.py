@@ -28,7 +28,7 @@ With ``rollout.placement = "separate"`` the rollout of step 1 comes from separat
 workers through :class:`~reasonctl.async_rl.feed.RolloutFeed` (prompts published up to
 ``max_staleness`` steps ahead, rewards scored here), and with ``max_staleness > 0`` each
 token's loss is weighted by the truncated importance ratio of the policy that generated it
-and clipped around that policy (``PolicyLossSettings.behaviour_cap``).
+(``PolicyLossSettings.behaviour_cap``).
 
 The runner builds everything a step uses (processor, dataset, reward set, rollout engine,
 reference model) from the config and hands it over in the :class:`RunContext`; the rollout

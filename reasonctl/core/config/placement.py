@@ -56,7 +56,7 @@ class RolloutWorkersSection(Section):
         default=2.0, ge=1,
         description="With max_staleness > 0: cap of the truncated importance weight "
         "pi_old / pi_behaviour per token (the behaviour policy's log-probs come from the "
-        "rollout engine); the PPO clip applies around the behaviour policy too.",
+        "rollout engine).",
     )
     weight_sync: Literal["broadcast", "file"] = Field(
         default="broadcast",
