@@ -17,11 +17,7 @@ Knobs and the papers they come from:
 - decoupled PPO for rollouts of an older policy (Hilton et al., "Batch size-invariance for
   policy optimization"): the clipped ratio is taken against the proximal (old) policy and
   each token is weighted by the truncated importance weight ``min(pi_old / pi_behaviour,
-  cap)`` of the policy that generated it. PPO's trust region is kept around the behaviour
-  policy too: a token whose ratio ``pi / pi_behaviour`` is already past the clip range in
-  the direction of its advantage gets no gradient. With one optimizer step per rollout the
-  proximal clip never acts (the ratio starts at 1), and without this bound a batch
-  generated before a large update pushes the same tokens the same way again.
+  cap)`` of the policy that generated it.
 """
 
 from __future__ import annotations
@@ -220,9 +216,7 @@ def policy_loss(
     importance ratio of :func:`importance_log_ratio`; with ``behaviour_logprobs`` and
     ``settings.behaviour_cap`` that term is multiplied by the constant
     ``min(exp(old - behaviour), behaviour_cap)`` (metrics ``is_weight/mean`` and
-    ``is_weight/capped_frac``) and is 0 where ``exp(logprobs - behaviour)`` lies beyond
-    ``1 + eps_high`` with ``A > 0`` or below ``1 - eps_low`` with ``A < 0``
-    (``clip_frac/behaviour``); plus ``kl_beta * KL`` when
+    ``is_weight/capped_frac``); plus ``kl_beta * KL`` when
     ``ref_logprobs`` is given, minus ``entropy_bonus * entropy`` when ``entropy`` is given;
     aggregated with :func:`aggregate`. Returns the loss and metrics (masked token means):
     ``loss/policy``, ``clip_frac/low`` (ratio below ``1 - eps_low`` with ``A < 0``, the
@@ -244,13 +238,7 @@ def policy_loss(
                             .clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
             behaviour_weight = raw.clamp(max=s.behaviour_cap)
             capped = (raw > s.behaviour_cap).to(mask_f.dtype)
-            # the trust region around the behaviour policy: a token whose probability has
-            # already moved past the clip range since it was sampled, in the direction its
-            # advantage pushes, gets no gradient
-            moved = ratio.detach() * raw
-            outside = (((adv > 0) & (moved > 1.0 + s.epsilon_high))
-                       | ((adv < 0) & (moved < 1.0 - s.epsilon_low))).to(mask_f.dtype)
-        per_token = per_token * behaviour_weight * (1.0 - outside)
+        per_token = per_token * behaviour_weight
 
     def agg(values: torch.Tensor) -> torch.Tensor:
         return aggregate(
@@ -277,7 +265,6 @@ def policy_loss(
     if behaviour_weight is not None:
         metrics["is_weight/mean"] = token_mean(behaviour_weight)
         metrics["is_weight/capped_frac"] = token_mean(capped)
-        metrics["clip_frac/behaviour"] = token_mean(outside)
     if ref_logprobs is not None:
         kl = kl_estimate(logprobs, ref_logprobs, s.kl_estimator)
         metrics["kl"] = token_mean(kl)
