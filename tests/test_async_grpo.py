@@ -1,8 +1,8 @@
 """GRPO with separate rollout workers over a real redis-server: the synchronous setting
 reproduces the colocated run, a SIGKILLed worker's batch is redelivered (nothing lost or
 trained twice) while a joining worker takes over with the current weights, the staleness
-bound holds in every trained batch, a killed trainer resumes, and one command learns the
-quickstart task with two workers."""
+bound holds in every trained batch, a killed trainer resumes, and two workers one version
+behind learn the quickstart task as the colocated run does."""
 
 from __future__ import annotations
 
