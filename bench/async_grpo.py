@@ -16,7 +16,8 @@ trainer's idle fraction and the weight-sync milliseconds.
 
 Reward curve: the quickstart toy task (``examples/configs/quickstart_grpo.toml``, the tiny
 model) for ``--toy-steps`` steps colocated and separate (``--toy-staleness``, one worker),
-reporting each reward curve and the mean reward of its last ten steps.
+for each of ``--toy-seeds``, reporting each reward curve, the mean reward of its last ten
+steps and the gap between the two (colocated minus separate).
 
     python -m bench.async_grpo                            # every GPU of the machine
     python -m bench.async_grpo --size tiny --steps 3      # CPU smoke run
@@ -77,6 +78,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--weight-sync", default="broadcast", choices=["broadcast", "file"])
     parser.add_argument("--toy-steps", type=int)
     parser.add_argument("--toy-staleness", type=int, default=1)
+    parser.add_argument("--toy-seeds", default="0",
+                        help="Comma-separated run.seed values of the toy pairs (the "
+                             "seed-to-seed spread is the noise the curves are judged by).")
     parser.add_argument("--toy-lr", type=float,
                         help="train.lr of both toy runs (default: the quickstart's 5e-3).")
     parser.add_argument("--out", default="outputs/bench_async_grpo")
@@ -222,7 +226,8 @@ def speed(args: argparse.Namespace, out: Path, gpus: int) -> dict[str, Any]:
 
 
 def reward_curves(args: argparse.Namespace, out: Path, gpus: int) -> dict[str, Any]:
-    """The quickstart task colocated and with one separate worker."""
+    """The quickstart task colocated and with one separate worker, per ``--toy-seeds``;
+    ``last10_gap`` is colocated's last-ten mean reward minus the separate run's."""
     config = "examples/configs/quickstart_grpo.toml"
     common = [f"train.max_steps={args.toy_steps}", "checkpoint.every_steps=0",
               "checkpoint.export_final=false", "eval.every_steps=0",
@@ -231,19 +236,28 @@ def reward_curves(args: argparse.Namespace, out: Path, gpus: int) -> dict[str, A
         common.append("backend.device='cpu'")
     if args.toy_lr is not None:
         common.append(f"train.lr={args.toy_lr}")
-    runs = {
-        "colocated": run_cli(out / "toy-colocated", config, common, 1, "single"),
-        f"separate-{args.toy_staleness}": run_cli(
-            out / "toy-separate", config,
-            common + ["rollout.placement='separate'", "rollout.workers.count=1",
-                      f"rollout.workers.max_staleness={args.toy_staleness}"], 1, "single"),
-    }
+    separate = f"separate-{args.toy_staleness}"
     curves: dict[str, Any] = {}
-    for name, run in runs.items():
-        rewards = [round(r["reward/mean"], 4) for r in run["rows"]]
-        curves[name] = {"exit_code": run["exit_code"], "wall_s": round(run["wall_s"], 1),
-                        "last10_mean": round(statistics.fmean(rewards[-10:]), 4)
-                        if rewards else None, "reward_mean": rewards}
+    for seed in [int(s) for s in args.toy_seeds.split(",") if s]:
+        seeded = [*common, f"run.seed={seed}"]
+        runs = {
+            "colocated": run_cli(out / f"toy-colocated-{seed}", config, seeded, 1, "single"),
+            separate: run_cli(
+                out / f"toy-separate-{seed}", config,
+                seeded + ["rollout.placement='separate'", "rollout.workers.count=1",
+                          f"rollout.workers.max_staleness={args.toy_staleness}"], 1, "single"),
+        }
+        pair: dict[str, Any] = {}
+        for name, run in runs.items():
+            rewards = [round(r["reward/mean"], 4) for r in run["rows"]]
+            pair[name] = {"exit_code": run["exit_code"], "wall_s": round(run["wall_s"], 1),
+                          "last10_mean": round(statistics.fmean(rewards[-10:]), 4)
+                          if rewards else None, "reward_mean": rewards}
+        if pair["colocated"]["last10_mean"] is not None and \
+                pair[separate]["last10_mean"] is not None:
+            pair["last10_gap"] = round(pair["colocated"]["last10_mean"]
+                                       - pair[separate]["last10_mean"], 4)
+        curves[f"seed{seed}"] = pair
     return curves
 
 

@@ -24,6 +24,8 @@ name = "{algo}"
 device = "cpu"
 [rollout]
 placement = "separate"
+engine = "{engine}"
+{engine_section}
 [rollout.workers]
 count = 2
 tensor_parallel = {tp}
@@ -34,11 +36,13 @@ dynamic_sampling = true
 """
 
 
-def _validate(tmp_path: Path, algo: str, tp: int, env: dict[str, str] | None = None) -> str:
+def _validate(tmp_path: Path, algo: str, tp: int, env: dict[str, str] | None = None, *,
+              engine: str = "hf", engine_section: str = "") -> str:
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"prompt": "hi", "reference": "A"}) + "\n")
     config = tmp_path / "c.toml"
-    config.write_text(GRPO.format(out=tmp_path / "out", data=data, algo=algo, tp=tp))
+    config.write_text(GRPO.format(out=tmp_path / "out", data=data, algo=algo, tp=tp,
+                                  engine=engine, engine_section=engine_section))
     result = CliRunner().invoke(build_app(host()), ["config", "validate", "--config", str(config)],
                                 env=env)
     assert result.exit_code == 2, result.output
@@ -48,9 +52,45 @@ def _validate(tmp_path: Path, algo: str, tp: int, env: dict[str, str] | None = N
 def test_every_problem_of_a_separate_placement_is_named(tmp_path: Path) -> None:
     out = _validate(tmp_path, "grpo", 2, env={"PATH": str(tmp_path)})  # no redis-server
     assert "algorithm.grpo.dynamic_sampling: not available with rollout.placement" in out
-    assert "rollout.workers.tensor_parallel: the hf engine runs a replica on one device" in out
+    assert ("rollout.workers.tensor_parallel: the hf engine runs a rollout replica on one "
+            "device (got 2); for tensor-parallel workers set rollout.engine = 'vllm'") in out
     assert "rollout.workers.devices: 2 worker(s) x tensor_parallel 2 need 4 devices" in out
     assert "rollout.workers.redis_url: unset, so `reasonctl run` starts redis-server" in out
+
+
+def test_vllm_workers_take_the_tensor_parallelism(tmp_path: Path) -> None:
+    out = _validate(tmp_path, "grpo", 2, engine="vllm")
+    assert "tensor_parallel" not in out.replace("x tensor_parallel 2 need", ""), out
+    out = _validate(tmp_path, "grpo", 2, engine="vllm",
+                    engine_section="[rollout.vllm]\ntensor_parallel_size = 4")
+    assert ("rollout.vllm.tensor_parallel_size: with rollout.placement = 'separate' each "
+            "worker's vLLM shards over rollout.workers.tensor_parallel (2) devices; set "
+            "rollout.workers.tensor_parallel = 4") in out
+
+
+def test_a_vllm_worker_config_carries_the_tensor_parallelism() -> None:
+    from reasonctl.async_rl.worker import worker_config
+
+    text = ('[rollout]\nengine = "vllm"\nplacement = "separate"\n'
+            "[rollout.workers]\ntensor_parallel = 2\n")
+    config = worker_config(text, [], "cuda:0", host())
+    assert config.component_config("rollout", "vllm").tensor_parallel_size == 2
+    hf = worker_config(text.replace('"vllm"', '"hf"', 1).replace("2", "1"), [], "cpu", host())
+    assert hf.rollout.engine == "hf"
+
+
+def test_a_tensor_parallel_worker_sees_only_its_gpus() -> None:
+    from reasonctl.async_rl.pool import worker_placement
+    from reasonctl.core.errors import ReasonctlError
+
+    assert worker_placement(["cuda:2"], {}) == ("cuda:2", None)
+    assert worker_placement(["cpu", "cpu"], {}) == ("cpu", None)
+    device, env = worker_placement(["cuda:2", "cuda:3"], {"PATH": "/bin"})
+    assert (device, env) == ("cuda:0", {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "2,3"})
+    _, env = worker_placement(["cuda:1", "cuda:2"], {"CUDA_VISIBLE_DEVICES": "4,5,6,7"})
+    assert env is not None and env["CUDA_VISIBLE_DEVICES"] == "5,6"
+    with pytest.raises(ReasonctlError, match="not all among the visible devices"):
+        worker_placement(["cuda:1", "cuda:2"], {"CUDA_VISIBLE_DEVICES": "4,5"})
 
 
 def test_an_algorithm_without_separate_rollouts_is_a_config_error(tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
 """GRPO with separate rollout workers over a real redis-server: the synchronous setting
 reproduces the colocated run, a SIGKILLed worker's batch is redelivered (nothing lost or
 trained twice) while a joining worker takes over with the current weights, the staleness
-bound holds in every trained batch, a killed trainer resumes, and one command learns the
-quickstart task with two workers."""
+bound holds in every trained batch, a killed trainer resumes, and two workers one version
+behind learn the quickstart task as the colocated run does."""
 
 from __future__ import annotations
 
@@ -185,26 +185,43 @@ def test_killed_trainer_resumes_from_its_checkpoint_and_the_streams(
             assert got[step][key] == pytest.approx(colocated[step][key], rel=1e-5), (step, key)
 
 
-@pytest.mark.timeout(1800)
-def test_two_workers_learn_the_quickstart_task(tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two workers one version behind (max_staleness 1): the reward climbs as colocated.
+QUICKSTART_STEPS = 40
+NOISE = 0.3
+"""How far the separate run's mean reward over the last ten steps may fall below the
+colocated run's: the quickstart's large learning rate (5e-3) gives both runs a gradient
+spike near step 30 that costs a few steps of reward (about 0.1 of the last-ten mean); a
+collapse (reward back to ~0) is 0.9 below."""
 
-    24 steps: the reward reaches ~0.5 by then, as in the colocated run. Later, with the
-    quickstart's large learning rate (5e-3), both runs hit a gradient spike; the colocated
-    run recovers from its spike (step ~35), while this one, training on rollouts of the
-    weights before its spike (step ~29), collapses to reward 0."""
-    monkeypatch.chdir(REPO)
-    out = tmp_path / "quickstart"
+
+def _quickstart(out: Path, *extra: str) -> list[float]:
     config = reasonctl.load_config(
         REPO / "examples/configs/quickstart_grpo.toml",
         overrides=[f"run.output_dir={json.dumps(str(out))}", "checkpoint.every_steps=0",
                    "checkpoint.export_final=false", 'logging.loggers=["jsonl"]',
-                   "eval.every_steps=0", "train.max_steps=24", "backend.device='cpu'",
-                   "rollout.placement='separate'", "rollout.workers.count=2",
-                   "rollout.workers.max_staleness=1"],
+                   "eval.every_steps=0", f"train.max_steps={QUICKSTART_STEPS}",
+                   "backend.device='cpu'", *extra],
     )
-    result = reasonctl.run(config)
-    assert result.status == "completed"
-    rewards = [row["reward/mean"] for _, row in sorted(_metrics(out).items())]
-    assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.3, rewards
+    assert reasonctl.run(config).status == "completed"
+    return [row["reward/mean"] for _, row in sorted(_metrics(out).items())]
+
+
+@pytest.mark.timeout(2400)
+def test_two_workers_learn_the_quickstart_task_as_colocated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two workers one version behind (max_staleness 1) learn the quickstart task as the
+    colocated run does: 40 steps each, through the spike near step 30 that the quickstart's
+    learning rate causes; the last ten steps' mean reward is within NOISE of colocated's."""
+    monkeypatch.chdir(REPO)
+    colocated = _quickstart(tmp_path / "colocated")
+    separate = _quickstart(tmp_path / "separate", "rollout.placement='separate'",
+                           "rollout.workers.count=2", "rollout.workers.max_staleness=1")
+    rows = _metrics(tmp_path / "separate")
+    assert all(row["async/staleness/max"] <= 1 for row in rows.values())
+    assert sum(row["async/staleness/1"] for row in rows.values()) >= QUICKSTART_STEPS - 2
+
+    def last(rewards: list[float]) -> float:
+        return sum(rewards[-10:]) / 10
+
+    assert last(colocated) > 0.6, colocated
+    assert last(separate) > last(colocated) - NOISE, (separate, colocated)

@@ -132,9 +132,10 @@ class RolloutWorkers:
         for index in range(self.settings.count):
             group = devices[index * tp : (index + 1) * tp]
             log = ctx.output_dir / "workers" / f"worker{index}.log"
-            arguments = ["--redis", url, "--run", self.run_id, "--device", group[0],
+            device, env = worker_placement(group)
+            arguments = ["--redis", url, "--run", self.run_id, "--device", device,
                          "--name", f"{socket.gethostname()}-{os.getpid()}-w{index}"]
-            self.processes.append(start_worker(arguments, log))
+            self.processes.append(start_worker(arguments, log, env=env))
         if self.processes:
             ctx.info(f"started {len(self.processes)} rollout worker(s) on {', '.join(devices)} "
                      f"(logs in {ctx.output_dir / 'workers'})")
@@ -182,6 +183,31 @@ def worker_devices(ctx: RunContext) -> list[str]:
             f"trainer's {first}, but this node has {available}; lower rollout.workers.count, "
             "set rollout.workers.devices, or start workers on other nodes (count = 0)")
     return [f"cuda:{i}" for i in range(first, first + wanted)]
+
+
+def worker_placement(group: list[str], environ: dict[str, str] | None = None
+                     ) -> tuple[str, dict[str, str] | None]:
+    """The ``--device`` and environment of a worker on the devices ``group``.
+
+    One device: that device, this process's environment. Several CUDA devices (a
+    tensor-parallel replica): the worker sees only them (``CUDA_VISIBLE_DEVICES``, mapped
+    through this process's own list when it has one) and runs on ``cuda:0``, where vLLM's
+    tensor-parallel processes take the visible devices in order.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    if len(group) == 1 or not all(d.startswith("cuda") for d in group):
+        return group[0], None
+    indices = [int(d.partition(":")[2] or 0) for d in group]
+    visible = [v.strip() for v in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if visible:
+        if max(indices) >= len(visible):
+            raise ReasonctlError(f"rollout.workers.devices: {group} are not all among the "
+                                 f"visible devices (CUDA_VISIBLE_DEVICES={','.join(visible)})")
+        ids = [visible[i] for i in indices]
+    else:
+        ids = [str(i) for i in indices]
+    environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+    return "cuda:0", environ
 
 
 def _publisher(ctx: RunContext, transport: Transport, url: str) -> WeightPublisher:

@@ -54,12 +54,18 @@ def default_name() -> str:
 
 def worker_config(text: str, overrides: list[str], device: str, host: PluginHost) -> RunConfig:
     """The run's config (TOML from Redis) as a worker sees it: its sections of
-    :data:`WORKER_SECTIONS`, ``backend.device = device``, then ``overrides``."""
+    :data:`WORKER_SECTIONS`, ``backend.device = device``, with the vllm engine
+    ``rollout.vllm.tensor_parallel_size = rollout.workers.tensor_parallel``, then
+    ``overrides``."""
     from reasonctl.core.config import load_config
 
     data = tomllib.loads(text)
     values = {k: v for k, v in data.items() if k in WORKER_SECTIONS}
     values.setdefault("backend", {})["device"] = device
+    rollout = values.setdefault("rollout", {})
+    tp = int(rollout.get("workers", {}).get("tensor_parallel", 1))
+    if rollout.get("engine") == "vllm" and tp > 1:  # each worker's vLLM shards its replica
+        rollout.setdefault("vllm", {})["tensor_parallel_size"] = tp
     return load_config(overrides=overrides, values=values, registry=host.registry)
 
 

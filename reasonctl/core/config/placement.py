@@ -39,7 +39,8 @@ class RolloutWorkersSection(Section):
     )
     tensor_parallel: int = Field(
         default=1, gt=0,
-        description="Devices per rollout replica (the engine must support it; hf: 1).",
+        description="Devices per rollout replica: above 1 the vllm engine shards the model "
+        "over them (its tensor_parallel_size); the hf engine takes 1.",
     )
     redis_url: str | None = Field(
         default=None,
@@ -121,9 +122,7 @@ def placement_problems(config: RunConfig, algorithm_options: object) -> list[str
                         "separate workers; use rollout.placement = 'colocated'")
     else:
         problems += algorithm_options.separate_placement_problems(config)
-    if workers.tensor_parallel > 1 and config.rollout.engine == "hf":
-        problems.append(f"rollout.workers.tensor_parallel: the hf engine runs a replica on "
-                        f"one device (got {workers.tensor_parallel}); use 1")
+    problems += tensor_parallel_problems(config)
     wanted = workers.count * workers.tensor_parallel
     if workers.devices and len(workers.devices) != wanted:
         problems.append(f"rollout.workers.devices: {workers.count} worker(s) x tensor_parallel "
@@ -137,3 +136,32 @@ def placement_problems(config: RunConfig, algorithm_options: object) -> list[str
         problems.append("rollout.placement: 'separate' talks to Redis through redis-py, "
                         "which is not installed; pip install 'reasonctl[async]'")
     return problems
+
+
+TENSOR_PARALLEL_ENGINES = ("vllm",)
+"""Rollout engines whose workers shard a replica over several devices."""
+
+
+def tensor_parallel_problems(config: RunConfig) -> list[str]:
+    """Problems of ``rollout.workers.tensor_parallel`` for the configured engine: only vLLM
+    workers shard a replica (their ``rollout.vllm.tensor_parallel_size`` is the workers'
+    setting, so a different explicit value is an error)."""
+    workers = config.rollout.workers
+    engine = config.rollout.engine
+    tp = workers.tensor_parallel
+    if tp > 1 and engine not in TENSOR_PARALLEL_ENGINES:
+        return [f"rollout.workers.tensor_parallel: the {engine} engine runs a rollout replica "
+                f"on one device (got {tp}); for tensor-parallel workers set rollout.engine = "
+                "'vllm' (pip install 'reasonctl[vllm]'), which shards each worker's model "
+                "over tensor_parallel GPUs, or keep tensor_parallel = 1 and raise "
+                "rollout.workers.count"]
+    if engine != "vllm":
+        return []
+    vllm = config.component_config("rollout", "vllm")
+    explicit = getattr(vllm, "tensor_parallel_size", 1)
+    if explicit not in (1, tp):
+        return [f"rollout.vllm.tensor_parallel_size: with rollout.placement = 'separate' each "
+                f"worker's vLLM shards over rollout.workers.tensor_parallel ({tp}) devices; "
+                f"set rollout.workers.tensor_parallel = {explicit} and leave "
+                "rollout.vllm.tensor_parallel_size unset"]
+    return []
