@@ -19,14 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from bench.common import build_model_dir, emit, environment, log, now, tokenizer_dir
+from bench.common import CliRun, build_model_dir, emit, environment, log, tokenizer_dir
 from bench.grpo import prompt_texts, run_trl
 
 
@@ -50,8 +46,6 @@ def parse_args() -> argparse.Namespace:
 
 def run_reasonctl(model_dir: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """``reasonctl run --algo grpo`` with a config file; step time from its metrics."""
-    import tomli_w
-
     data = out / "prompts.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)
     texts = prompt_texts(args.prompts_per_step * args.steps)
@@ -75,24 +69,15 @@ def run_reasonctl(model_dir: Path, args: argparse.Namespace, out: Path) -> dict[
         "checkpoint": {"every_steps": 0, "export_final": False},
         "logging": {"loggers": ["jsonl"], "plot": False},
     }
-    path = out / "reasonctl.toml"
-    path.write_text(tomli_w.dumps(config))
-    command = [sys.executable, "-m", "reasonctl", "run", "--algo", "grpo", "--config", str(path)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path.cwd()), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    started = now()
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        log(done.stderr[-3000:])
-        return {"ok": False, "rc": done.returncode, "command": " ".join(command)}
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    timed = [r for r in rows if r["step"] > args.warmup] or rows
+    run = CliRun("grpo", config, out / "reasonctl.toml", run_dir)
+    if not run.ok:
+        return run.failure()
+    rows = run.rows
 
     def mean(key: str) -> float | None:
-        values = [r[key] for r in timed if key in r]
-        return round(statistics.fmean(values), 4) if values else None
+        return run.mean(key, args.warmup)
 
-    return {"ok": True, "command": " ".join(command), "wall_s": round(now() - started, 1),
+    return {"ok": True, "command": " ".join(run.command), "wall_s": run.wall_s,
             "step_s": mean("step_time_s"), "rollout_s": mean("time/rollout_s"),
             "update_s": mean("time/update_s"), "rollout_tokens_per_s": mean(
                 "rollout/tokens_per_s"), "response_length": mean("response_length/mean"),

@@ -11,7 +11,10 @@ from __future__ import annotations
 import gc
 import importlib.metadata
 import json
+import os
 import shutil
+import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -246,3 +249,42 @@ def log(message: str) -> None:
 def emit(summary: dict[str, Any]) -> None:
     """Print the final JSON line (stdout)."""
     print(json.dumps(summary, default=float), flush=True)
+
+
+class CliRun:
+    """``reasonctl run --algo ALGO --config PATH`` in a process of its own (the path users
+    run), with the rows of the run's ``metrics.jsonl``."""
+
+    def __init__(self, algo: str, config: dict[str, Any], path: Path, run_dir: Path) -> None:
+        import tomli_w
+
+        path.write_text(tomli_w.dumps(config))
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        self.command = [sys.executable, "-m", "reasonctl", "run", "--algo", algo,
+                        "--config", str(path)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(Path.cwd()), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        started = now()
+        done = subprocess.run(self.command, capture_output=True, text=True, env=env)
+        self.wall_s = round(now() - started, 1)
+        self.returncode = done.returncode
+        self.stderr = done.stderr
+        self.rows: list[dict[str, Any]] = []
+        if done.returncode == 0:
+            self.rows = [json.loads(line)
+                         for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def failure(self) -> dict[str, Any]:
+        """The summary of a failed run (its stderr's tail is logged)."""
+        log(self.stderr[-4000:])
+        return {"ok": False, "rc": self.returncode, "command": " ".join(self.command)}
+
+    def mean(self, key: str, warmup: int) -> float | None:
+        """Mean of ``key`` over the steps after ``warmup`` (all steps if none are after)."""
+        timed = [r for r in self.rows if r["step"] > warmup] or self.rows
+        values = [r[key] for r in timed if key in r]
+        return round(statistics.fmean(values), 4) if values else None

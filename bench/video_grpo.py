@@ -37,10 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import traceback
 from pathlib import Path
 from typing import Any
@@ -48,6 +45,7 @@ from typing import Any
 import torch
 
 from bench.common import (
+    CliRun,
     emit,
     environment,
     free_memory,
@@ -144,34 +142,23 @@ def memory_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 def run_reasonctl(model_dir: Path, data: Path, args: argparse.Namespace) -> dict[str, Any]:
     """``reasonctl run --algo grpo --config <file>`` in its own process; step time and
     memory from its ``metrics.jsonl``."""
-    import tomli_w
-
     out = data.parent
     run_dir = out / "reasonctl"
-    path = out / "reasonctl.toml"
-    path.write_text(tomli_w.dumps(run_config(model_dir, data, run_dir, args)))
-    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-    command = [sys.executable, "-m", "reasonctl", "run", "--algo", "grpo", "--config", str(path)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path.cwd()), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    started = now()
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        log(done.stderr[-4000:])
-        return {"ok": False, "rc": done.returncode, "command": " ".join(command)}
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    timed = [r for r in rows if r["step"] > args.warmup] or rows
+    run = CliRun("grpo", run_config(model_dir, data, run_dir, args), out / "reasonctl.toml",
+                 run_dir)
+    if not run.ok:
+        return run.failure()
+    rows = run.rows
 
     def mean(key: str) -> float | None:
-        values = [r[key] for r in timed if key in r]
-        return round(statistics.fmean(values), 4) if values else None
+        return run.mean(key, args.warmup)
 
     for row in rows:
         log(f"reasonctl step {row['step']}: {row['step_time_s']:.3f} s (rollout "
             f"{row.get('time/rollout_s', 0):.3f}, update {row.get('time/update_s', 0):.3f}), "
             f"reward {row['reward/mean']:.4f}, len {row['response_length/mean']:.0f}, "
             f"peak {row.get('peak_mem_gb', 0):.2f} GB")
-    return {"ok": True, "command": " ".join(command), "run_wall_s": round(now() - started, 1),
+    return {"ok": True, "command": " ".join(run.command), "run_wall_s": run.wall_s,
             "step_s": mean("step_time_s"), "rollout_s": mean("time/rollout_s"),
             "logprob_s": mean("time/logprob_s"), "update_s": mean("time/update_s"),
             "rollout_tokens_per_s": mean("rollout/tokens_per_s"),
