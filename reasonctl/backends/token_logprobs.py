@@ -89,6 +89,10 @@ class TokenLogprobModel(nn.Module):
                 inputs.update(shared_media_inputs(decoder, batch))
             else:
                 inputs.update(per_row_media_inputs(batch))
+        unknown = set(inputs) - self._input_names
+        if unknown:  # a keyword the forward lacks would vanish into its **kwargs unread
+            raise TypeError(f"{type(decoder).__name__}.forward takes no {sorted(unknown)}; "
+                            "this transformers release is too old for these inputs")
         head = self.hf_model.get_output_embeddings()
         parallel = self.context_parallel
         if parallel is None:
