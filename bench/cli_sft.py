@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from bench.common import build_model_dir, emit, environment, log, now, tokenizer_dir
+from bench.common import build_model_dir, emit, environment, log, now, tokenizer_dir, trl_step_clock
 from bench.multi_gpu import SFT_PROMPT_WORDS, write_sft_data
 
 
@@ -106,29 +106,12 @@ def run_trl(model_dir: Path, data: Path, args: argparse.Namespace, out: Path) ->
     """TRL's SFTTrainer on the same rows (conversational prompt/completion), in order."""
     from datasets import Dataset
     from torch.utils.data import SequentialSampler
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
     class InOrder(SFTTrainer):
         def _get_train_sampler(self, *_: Any, **__: Any) -> SequentialSampler:
             return SequentialSampler(self.train_dataset)
-
-    class Clock(TrainerCallback):
-        def __init__(self) -> None:
-            self.ends: list[float] = []
-            self.losses: list[float] = []
-
-        def on_train_begin(self, *_: Any, **__: Any) -> None:
-            self.ends.append(now())
-
-        def on_step_end(self, *_: Any, **__: Any) -> None:
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            self.ends.append(now())
-
-        def on_log(self, *_: Any, logs: dict[str, float] | None = None, **__: Any) -> None:
-            if logs and "loss" in logs:
-                self.losses.append(float(logs["loss"]))
 
     records = [json.loads(line) for line in data.read_text().splitlines()]
     dataset = Dataset.from_dict({
@@ -146,12 +129,12 @@ def run_trl(model_dir: Path, data: Path, args: argparse.Namespace, out: Path) ->
         max_length=args.seq, disable_tqdm=True, seed=0, use_cpu=device == "cpu",
         optim="adamw_torch_fused" if device == "cuda" else "adamw_torch",
     )
-    clock = Clock()
+    clock = trl_step_clock(synchronize=True)
     trainer = InOrder(model=model, args=config, train_dataset=dataset,
                       processing_class=AutoTokenizer.from_pretrained(tokenizer_dir(model_dir)),
                       callbacks=[clock])
     trainer.train()
-    times = [b - a for a, b in zip(clock.ends, clock.ends[1:], strict=False)][args.warmup:]
+    times = clock.steps()[args.warmup:]
     tokens = args.batch * args.seq
     return {"ok": True, "tokens_per_s": round(tokens * len(times) / sum(times), 1),
             "step_s": round(statistics.fmean(times), 4),

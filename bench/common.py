@@ -288,3 +288,38 @@ class CliRun:
         timed = [r for r in self.rows if r["step"] > warmup] or self.rows
         values = [r[key] for r in timed if key in r]
         return round(statistics.fmean(values), 4) if values else None
+
+
+def trl_step_clock(*, label: str | None = None, synchronize: bool = False) -> Any:
+    """A ``transformers`` trainer callback that times TRL's optimizer steps: ``ends`` (the
+    train start, then each step's end), ``logs`` (every logged dict) and ``losses`` (the
+    logged ``loss`` values); ``steps()`` are the step times. ``synchronize`` waits for the
+    GPU at each step's end; ``label`` logs each step's time under that name."""
+    from transformers import TrainerCallback
+
+    class StepClock(TrainerCallback):
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+            self.logs: list[dict[str, float]] = []
+            self.losses: list[float] = []
+
+        def on_train_begin(self, *_: Any, **__: Any) -> None:
+            self.ends.append(now())
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            if synchronize and torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.ends.append(now())
+            if label:
+                log(f"{label} step {len(self.ends) - 1}: {self.ends[-1] - self.ends[-2]:.3f} s")
+
+        def on_log(self, *_: Any, logs: dict[str, float] | None = None, **__: Any) -> None:
+            if logs:
+                self.logs.append(dict(logs))
+                if "loss" in logs:
+                    self.losses.append(float(logs["loss"]))
+
+        def steps(self) -> list[float]:
+            return [b - a for a, b in zip(self.ends, self.ends[1:], strict=False)]
+
+    return StepClock()

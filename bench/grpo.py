@@ -45,6 +45,7 @@ from bench.common import (
     reasonctl_backend,
     tokenizer_dir,
     trl_even_word_reward,
+    trl_step_clock,
     words,
 )
 
@@ -173,24 +174,8 @@ def run_reasonctl(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
 def run_trl(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     """TRL's GRPOTrainer with the same workload; step time between optimizer-step ends."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
-
-    class Clock(TrainerCallback):
-        def __init__(self) -> None:
-            self.ends: list[float] = []
-            self.logs: list[dict[str, float]] = []
-
-        def on_train_begin(self, *_: Any, **__: Any) -> None:
-            self.ends.append(now())
-
-        def on_step_end(self, *_: Any, **__: Any) -> None:
-            self.ends.append(now())
-            log(f"trl step {len(self.ends) - 2}: {self.ends[-1] - self.ends[-2]:.3f} s")
-
-        def on_log(self, *_: Any, logs: dict[str, float] | None = None, **__: Any) -> None:
-            if logs:
-                self.logs.append(dict(logs))
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir(model_dir))
@@ -212,12 +197,12 @@ def run_trl(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         save_strategy="no", report_to="none", disable_tqdm=True, seed=0, use_vllm=False,
         use_cpu=device == "cpu", optim="adamw_torch_fused" if device == "cuda" else "adamw_torch",
     )
-    clock = Clock()
+    clock = trl_step_clock(label="trl")
     trainer = GRPOTrainer(model=model, reward_funcs=[trl_even_word_reward], args=config,
                           train_dataset=Dataset.from_dict({"prompt": rendered}),
                           processing_class=tokenizer, callbacks=[clock])
     trainer.train()
-    times = [b - a for a, b in zip(clock.ends, clock.ends[1:], strict=False)]
+    times = clock.steps()
     timed = times[args.warmup :] or times
     lengths = [log_["completions/mean_length"] for log_ in clock.logs
                if "completions/mean_length" in log_]

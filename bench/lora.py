@@ -46,6 +46,7 @@ from bench.common import (
     log,
     random_rows,
     tokenizer_dir,
+    trl_step_clock,
     words,
 )
 
@@ -135,10 +136,9 @@ def sft_trl_worker(args: argparse.Namespace) -> None:
     from datasets import Dataset
     from peft import LoraConfig
     from torch.utils.data import SequentialSampler
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from bench.common import now
     from reasonctl import ChatProcessor, ContentPart, Message, Sample
 
     model_dir = Path(args.model)
@@ -151,21 +151,6 @@ def sft_trl_worker(args: argparse.Namespace) -> None:
     class InOrder(SFTTrainer):
         def _get_train_sampler(self, *_: Any, **__: Any) -> SequentialSampler:
             return SequentialSampler(self.train_dataset)
-
-    class Clock(TrainerCallback):
-        def __init__(self) -> None:
-            self.ends: list[float] = []
-            self.losses: list[float] = []
-
-        def on_train_begin(self, *_: Any, **__: Any) -> None:
-            self.ends.append(now())
-
-        def on_step_end(self, *_: Any, **__: Any) -> None:
-            self.ends.append(now())
-
-        def on_log(self, *_: Any, logs: dict[str, float] | None = None, **__: Any) -> None:
-            if logs and "loss" in logs:
-                self.losses.append(float(logs["loss"]))
 
     cuda = torch.cuda.is_available()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
@@ -182,13 +167,13 @@ def sft_trl_worker(args: argparse.Namespace) -> None:
         disable_tqdm=True, seed=0, optim="adamw_torch_fused" if cuda else "adamw_torch",
         use_cpu=not cuda, torch_compile=args.compile,
     )
-    clock = Clock()
+    clock = trl_step_clock()
     trainer = InOrder(model=model, args=config, peft_config=peft_config,
                       train_dataset=Dataset.from_dict({"input_ids": ids}),
                       processing_class=AutoTokenizer.from_pretrained(tokenizer_dir(model_dir)),
                       callbacks=[clock])
     trainer.train()
-    times = [b - a for a, b in zip(clock.ends, clock.ends[1:], strict=False)]
+    times = clock.steps()
     timed = times[args.warmup:] or times
     tokens = [sum(len(r) for r in ids[i * args.batch:(i + 1) * args.batch])
               for i in range(args.steps)]

@@ -46,6 +46,7 @@ from bench.common import (
     random_rows,
     tokenizer_dir,
     training_mfu,
+    trl_step_clock,
 )
 
 VARIANTS = {
@@ -144,27 +145,12 @@ def run_trl(model_dir: Path, data: list[list[int]], args: argparse.Namespace) ->
     """TRL's SFTTrainer on a pre-tokenized dataset, rows taken in order."""
     from datasets import Dataset
     from torch.utils.data import SequentialSampler
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
     class InOrder(SFTTrainer):
         def _get_train_sampler(self, *_: Any, **__: Any) -> SequentialSampler:
             return SequentialSampler(self.train_dataset)
-
-    class Clock(TrainerCallback):
-        def __init__(self) -> None:
-            self.ends: list[float] = []
-            self.losses: list[float] = []
-
-        def on_train_begin(self, *_: Any, **__: Any) -> None:
-            self.ends.append(now())
-
-        def on_step_end(self, *_: Any, **__: Any) -> None:
-            self.ends.append(now())
-
-        def on_log(self, *_: Any, logs: dict[str, float] | None = None, **__: Any) -> None:
-            if logs and "loss" in logs:
-                self.losses.append(float(logs["loss"]))
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)
@@ -177,13 +163,13 @@ def run_trl(model_dir: Path, data: list[list[int]], args: argparse.Namespace) ->
         disable_tqdm=True, seed=0, optim="adamw_torch_fused" if device == "cuda" else "adamw_torch",
         use_cpu=device == "cpu",
     )
-    clock = Clock()
+    clock = trl_step_clock()
     trainer = InOrder(model=model, args=config,
                       train_dataset=Dataset.from_dict({"input_ids": data}),
                       processing_class=AutoTokenizer.from_pretrained(tokenizer_dir(model_dir)),
                       callbacks=[clock])
     trainer.train()
-    times = [b - a for a, b in zip(clock.ends, clock.ends[1:], strict=False)]
+    times = clock.steps()
     result = summarise(times, clock.losses, args)
     result["params"] = parameter_count(model)
     result["config"] = model.config

@@ -50,9 +50,9 @@ from bench.common import (
     environment,
     free_memory,
     log,
-    now,
     tokenizer_dir,
     trl_even_word_reward,
+    trl_step_clock,
 )
 from bench.video_common import (
     FRAME_SIDE,
@@ -197,24 +197,8 @@ def run_trl(model_dir: Path, data: Path, clips: list[Path], args: argparse.Names
             ) -> dict[str, Any]:
     """TRL's GRPOTrainer on the same workload (clips as 4 images each, see the module
     docstring); step time between optimizer-step ends."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor, TrainerCallback
+    from transformers import AutoModelForImageTextToText, AutoProcessor
     from trl import GRPOConfig, GRPOTrainer
-
-    class Clock(TrainerCallback):
-        def __init__(self) -> None:
-            self.ends: list[float] = []
-            self.logs: list[dict[str, float]] = []
-
-        def on_train_begin(self, *_: Any, **__: Any) -> None:
-            self.ends.append(now())
-
-        def on_step_end(self, *_: Any, **__: Any) -> None:
-            self.ends.append(now())
-            log(f"trl step {len(self.ends) - 1}: {self.ends[-1] - self.ends[-2]:.3f} s")
-
-        def on_log(self, *_: Any, logs: dict[str, float] | None = None, **__: Any) -> None:
-            if logs:
-                self.logs.append(dict(logs))
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     processor = AutoProcessor.from_pretrained(tokenizer_dir(model_dir))
@@ -241,12 +225,12 @@ def run_trl(model_dir: Path, data: Path, clips: list[Path], args: argparse.Names
         generation_kwargs={"suppress_tokens": processor.tokenizer.convert_tokens_to_ids(
             VISION_TOKENS)},
     )
-    clock = Clock()
+    clock = trl_step_clock(label="trl")
     trainer = GRPOTrainer(model=model, reward_funcs=[trl_even_word_reward], args=config,
                           train_dataset=dataset, processing_class=processor,
                           callbacks=[clock])
     trainer.train()
-    times = [b - a for a, b in zip(clock.ends, clock.ends[1:], strict=False)]
+    times = clock.steps()
     timed = times[args.warmup :] or times
     lengths = [entry["completions/mean_length"] for entry in clock.logs
                if "completions/mean_length" in entry]
