@@ -68,23 +68,26 @@ def word_count() -> int:
     return 151643
 
 
-def build_tokenizer() -> Any:
-    """A word-level fast tokenizer: ``w<i>`` is id ``i``; then Qwen's chat tokens."""
+def build_tokenizer(special_tokens: Sequence[str] = tuple(SPECIAL_TOKENS),
+                    chat_template: str = CHAT_TEMPLATE) -> Any:
+    """A word-level fast tokenizer: ``w<i>`` is id ``i``; then ``special_tokens`` (Qwen's
+    chat tokens first, the end-of-text token first of all) and the chat role words."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    special_tokens = list(special_tokens)
     vocab = {f"w{i}": i for i in range(word_count())}
-    for token in (*SPECIAL_TOKENS, *CHAT_WORDS, "<unk>"):
+    for token in (*special_tokens, *CHAT_WORDS, "<unk>"):
         vocab[token] = len(vocab)
     raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     raw.decoder = decoders.WordPiece()  # joins words with spaces
-    raw.add_special_tokens(SPECIAL_TOKENS)
+    raw.add_special_tokens(special_tokens)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        unk_token="<unk>", additional_special_tokens=SPECIAL_TOKENS[1:],
+        unk_token="<unk>", additional_special_tokens=special_tokens[1:],
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     return tokenizer
 
 

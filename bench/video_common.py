@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from bench.common import free_memory, random_rows, word_count, words
+from bench.common import build_tokenizer as build_word_tokenizer
+from bench.common import free_memory, random_rows, words
 
 MODELS = ("qwen2_5_vl", "qwen3_vl")
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>",
@@ -55,22 +56,7 @@ SMALL_VISION = {"qwen2_5_vl": {},
 
 def build_tokenizer() -> Any:
     """Word-level: ``w<i>`` is id ``i``; then Qwen's chat and vision tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"w{i}": i for i in range(word_count())}
-    for token in (*SPECIAL_TOKENS, "system", "user", "assistant", "<unk>"):
-        vocab[token] = len(vocab)
-    raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    raw.decoder = decoders.WordPiece()
-    raw.add_special_tokens(SPECIAL_TOKENS)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=raw, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        unk_token="<unk>", additional_special_tokens=SPECIAL_TOKENS[1:],
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return build_word_tokenizer(SPECIAL_TOKENS, CHAT_TEMPLATE)
 
 
 def _ids(tokenizer: Any) -> dict[str, int]:
