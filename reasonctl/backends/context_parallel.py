@@ -315,15 +315,20 @@ def _positive_dim(tensor: torch.Tensor, dim: int) -> int:
     return dim if dim >= 0 else tensor.dim() + dim
 
 
-class _GatherSharded(torch.autograd.Function):
-    """All-gather of sharded activations (keys/values); backward sums every rank's
-    gradient of this rank's part (reduce-scatter)."""
+class _GatherToGlobal(torch.autograd.Function):
+    """All-gather of this rank's chunks into the whole sequence along ``dim``; subclasses
+    say what the backward does with the whole sequence's gradient."""
 
     @staticmethod
     def forward(ctx: Any, local: torch.Tensor, plan: ShardPlan, dim: int) -> torch.Tensor:
         dim = _positive_dim(local, dim)
         ctx.plan, ctx.dim = plan, dim
         return _to_global(_all_gather(local, plan), plan, dim)
+
+
+class _GatherSharded(_GatherToGlobal):
+    """All-gather of sharded activations (keys/values); backward sums every rank's
+    gradient of this rank's part (reduce-scatter)."""
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
@@ -334,15 +339,9 @@ class _GatherSharded(torch.autograd.Function):
         return out, None, None
 
 
-class _GatherReplicated(torch.autograd.Function):
+class _GatherReplicated(_GatherToGlobal):
     """All-gather of per-token results that every rank then uses identically (the loss);
     backward keeps this rank's slice of the gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, local: torch.Tensor, plan: ShardPlan, dim: int) -> torch.Tensor:
-        dim = _positive_dim(local, dim)
-        ctx.plan, ctx.dim = plan, dim
-        return _to_global(_all_gather(local, plan), plan, dim)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:

@@ -365,15 +365,20 @@ def _all_gather(local: torch.Tensor, slices: SequenceSlices, dim: int) -> torch.
                      dim=dim)
 
 
-class _GatherSharded(torch.autograd.Function):
-    """All-gather of sharded activations (keys/values); backward sums every rank's
-    gradient of this rank's slice (reduce-scatter)."""
+class _GatherSlices(torch.autograd.Function):
+    """All-gather of the group's slices along ``dim``; subclasses say what the backward
+    does with the whole sequence's gradient."""
 
     @staticmethod
     def forward(ctx: Any, local: torch.Tensor, slices: SequenceSlices, dim: int
                 ) -> torch.Tensor:
         ctx.slices, ctx.dim = slices, dim
         return _all_gather(local, slices, dim)
+
+
+class _GatherSharded(_GatherSlices):
+    """All-gather of sharded activations (keys/values); backward sums every rank's
+    gradient of this rank's slice (reduce-scatter)."""
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
@@ -392,15 +397,9 @@ class _GatherSharded(torch.autograd.Function):
         return out.narrow(dim, 0, slices.local), None, None
 
 
-class _GatherReplicated(torch.autograd.Function):
+class _GatherReplicated(_GatherSlices):
     """All-gather of results every rank then uses identically (the transformer output);
     backward keeps this rank's slice of the gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, local: torch.Tensor, slices: SequenceSlices, dim: int
-                ) -> torch.Tensor:
-        ctx.slices, ctx.dim = slices, dim
-        return _all_gather(local, slices, dim)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
