@@ -90,6 +90,7 @@ def _worker(rank: int, world: int, port: int, cases_path: str, result_path: str)
                    for name, case in cases.items()}
         if rank == 0:
             torch.save(results, result_path)
+        dist.barrier()  # no rank tears down its gloo threads while a peer still talks
     finally:
         dist.destroy_process_group()
 

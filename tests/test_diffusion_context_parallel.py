@@ -80,6 +80,7 @@ def _worker(rank: int, world: int, port: int, dirs: dict[str, str], result_path:
                    for name, (family, *case) in CASES.items()}
         if rank == 0:
             torch.save(results, result_path)
+        dist.barrier()  # no rank tears down its gloo threads while a peer still talks
     finally:
         dist.destroy_process_group()
 

@@ -209,6 +209,7 @@ def _tp_worker(rank: int, port: int, arch: str, result_path: str) -> None:
         if rank == 0:
             torch.save({"logprobs": logprobs.detach(), "entropy": entropy.detach(),
                         "grads": grads, "grad_norm": float(squares.sqrt())}, result_path)
+        dist.barrier()  # no rank tears down its gloo threads while a peer still talks
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
