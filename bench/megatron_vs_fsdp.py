@@ -153,7 +153,7 @@ def run_backend(name: str, model_dir: Path, args: argparse.Namespace,
     if name == "megatron":
         values["backend"]["megatron"] = {"tp": args.tp, "pp": args.pp}
     else:  # keep gathered weights between forward and backward: the fastest fsdp setting
-        values["backend"]["fsdp"] = {"reshard_after_forward": False}
+        values["backend"]["fsdp"] = {"reshard_after_forward": "never"}
     config = load_config(values=values, registry=host.registry)
     ctx = RunContext(config=config, registry=host.registry, hooks=host.hooks,
                      output_dir=out / "run" / name)

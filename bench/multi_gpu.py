@@ -124,9 +124,10 @@ def parse_args() -> argparse.Namespace:
                      help="backend.fsdp.reduce_dtype (gradient reduction).")
     sft.add_argument("--prefetch", type=int, default=None,
                      help="backend.fsdp.prefetch (default: the backend's).")
-    sft.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction,
-                     default=None, help="backend.fsdp.reshard_after_forward (default: the "
-                     "backend's).")
+    sft.add_argument("--reshard-after-forward", default=None,
+                     choices=["default", "always", "never"],
+                     help="backend.fsdp.reshard_after_forward (default: the backend's; never: "
+                          "blocks stay gathered from forward to backward, as ZeRO-2).")
     sft.add_argument("--gradient-sync", default=None,
                      choices=["every_micro_batch", "last_micro_batch"],
                      help="backend.fsdp.gradient_sync (default: the backend's).")

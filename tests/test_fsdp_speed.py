@@ -77,6 +77,8 @@ def test_compute_dtype_keeps_bfloat16_shards_and_optimizer_state(tiny_model_dir:
     ("prefetch", "-1", "backend.fsdp.prefetch"),
     ("prefech", "1", "backend.fsdp.prefech"),
     ("gradient_sync", "'never'", "backend.fsdp.gradient_sync"),
+    ("reshard_after_forward", "'sometimes'", "backend.fsdp.reshard_after_forward"),
+    ("reshard_after_forward", "2", "backend.fsdp.reshard_after_forward"),
 ])
 def test_bad_speed_settings_exit_2_naming_the_key(tmp_path: Path, tiny_model_dir: Path,
                                                   key: str, value: str, expected: str) -> None:
@@ -91,6 +93,42 @@ def test_bad_speed_settings_exit_2_naming_the_key(tmp_path: Path, tiny_model_dir
     output = result.output + (getattr(result, "stderr", "") or "")
     assert result.exit_code == 2, output
     assert expected in output and "Traceback" not in output, output
+
+
+@pytest.mark.parametrize(("value", "resharded"), [
+    ("default", [True, False]), ("always", [True, True]), ("never", [False, False]),
+    (True, [True, False]), (False, [False, False]),
+])
+def test_reshard_after_forward_sets_each_block(tiny_model_dir: Path, tmp_path: Path,
+                                               value: Any, resharded: list[bool]) -> None:
+    """Which blocks free their gathered weights after forward (the root never does); the
+    boolean spelling reads as default / never. ``resharded``: first and last block."""
+    from reasonctl.core.config import RunConfig
+    from reasonctl.core.lifecycle import LifecycleHooks
+    from reasonctl.core.plugins import PluginHost
+    from reasonctl.core.protocols import RunContext
+    from reasonctl.plugins.backends.fsdp import FSDPBackendConfig, build_fsdp_backend
+
+    config = RunConfig(model={"name_or_path": str(tiny_model_dir)},
+                       backend={"device": "cpu", "name": "fsdp"},
+                       run={"output_dir": str(tmp_path)})
+    host = PluginHost.load()
+    ctx = RunContext(config=config, registry=host.registry, hooks=LifecycleHooks(host.pm),
+                     output_dir=tmp_path)
+    ctx.total_steps = 1
+    backend = build_fsdp_backend(FSDPBackendConfig(reshard_after_forward=value))
+    ctx.backend = backend
+    try:
+        backend.setup(ctx)
+        blocks = list(backend.hf_model.model.layers)
+        assert len(blocks) >= 2
+        groups = [b._get_fsdp_state()._fsdp_param_group for b in blocks]
+        assert [g.post_forward_mesh_info is not None for g in groups] == [
+            resharded[0], *[resharded[0]] * (len(blocks) - 2), resharded[1]]
+        root = backend.policy._get_fsdp_state()._fsdp_param_group
+        assert root.post_forward_mesh_info is None
+    finally:
+        backend.close()
 
 
 @pytest.fixture
@@ -195,3 +233,31 @@ def test_two_processes_with_every_lever_follow_the_single_backend(
     assert want.keys() == got.keys()
     for step, value in want.items():
         assert got[step] == pytest.approx(value, rel=2e-2), step
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_processes_keeping_blocks_gathered_take_the_default_steps(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    """``reshard_after_forward = "never"`` (ZeRO-2) and ``"always"`` on two gloo processes
+    give the default setting's losses and gradient norms: only when weights are gathered
+    changes, not what is computed."""
+    from reasonctl.loggers.metrics_file import read_metrics
+    from tests.test_fsdp import launch
+
+    config = write_run_files(tmp_path, tiny_model_dir)
+    curves = {}
+    for value in ("default", "never", "always"):
+        out = tmp_path / value
+        launch(config, out, "--set", "checkpoint.every_steps=0", "--set",
+               f"backend.fsdp.reshard_after_forward='{value}'")
+        curves[value] = [(r["step"], r["loss"], r["grad_norm"])
+                         for r in read_metrics(out / "metrics.jsonl")]
+    want = curves["default"]
+    assert len(want) > 3 and want[-1][1] < want[0][1]  # it learns
+    for value in ("never", "always"):
+        got = curves[value]
+        assert [s for s, _, _ in got] == [s for s, _, _ in want], value
+        for (step, loss, norm), (_, want_loss, want_norm) in zip(got, want, strict=True):
+            assert loss == pytest.approx(want_loss, rel=1e-6), (value, step)
+            assert norm == pytest.approx(want_norm, rel=1e-6), (value, step)

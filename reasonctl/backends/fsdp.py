@@ -30,8 +30,13 @@ the single backend) keeps float32 shards and optimizer state and computes in
 ``model.dtype``; ``"compute"`` keeps the shards, gradients and optimizer state in
 ``model.dtype`` itself (half the memory and traffic, no casts; small updates can round
 away in bfloat16). Gradients are reduced in float32 unless ``reduce_dtype = "compute"``.
-Each block's all-gather is issued ``prefetch`` blocks ahead in forward and backward, and
-the last block keeps its gathered weights after forward (backward needs them at once).
+Each block's all-gather is issued ``prefetch`` blocks ahead in forward and backward.
+``reshard_after_forward``: ``"default"`` frees each block's gathered weights after its
+forward except the last block's (backward needs them at once); ``"always"`` frees every
+block's; ``"never"`` keeps every block gathered from forward to backward, as ZeRO-2 (no
+all-gathers in backward, at the memory of a whole unsharded model per rank; a forward
+without backward, e.g. log-probs under ``no_grad``, leaves them gathered until the next
+backward or weight read).
 ``gradient_sync = "last_micro_batch"`` reduces gradients once per step instead of after
 every micro-batch (unsharded gradients are kept meanwhile: more memory).
 
@@ -93,7 +98,7 @@ class FSDPBackend(TorchBackend):
     """Fully sharded data parallel training over the processes of one launch."""
 
     def __init__(self, *, dp_replicate: int = 1, dp_shard: int = -1, tp: int = 1, cp: int = 1,
-                 reshard_after_forward: bool = True,
+                 reshard_after_forward: Literal["default", "always", "never"] = "default",
                  param_dtype: Literal["float32", "compute"] = "float32",
                  reduce_dtype: Literal["float32", "compute"] = "float32",
                  prefetch: int = 1,
@@ -335,11 +340,8 @@ class FSDPBackend(TorchBackend):
                 block.register_forward_pre_hook(partial(_cast_floating_inputs, dtype),
                                                 with_kwargs=True)
         for block in reversed(blocks):
-            # backward starts with the last block: resharding it after forward would only
-            # free weights that are gathered again at once
-            keep = block is blocks[-1]
-            fully_shard(block, reshard_after_forward=self.reshard_after_forward and not keep,
-                        **options)
+            fully_shard(block, reshard_after_forward=self._reshards_after_forward(
+                block is blocks[-1]), **options)
         _set_prefetch(hf_model, blocks, self.prefetch)
         # The root group holds the embedding and (tied) output head. Backward needs them right
         # after forward, and the log-prob op recomputes the head's logits chunk by chunk in
@@ -351,6 +353,14 @@ class FSDPBackend(TorchBackend):
             options["mp_policy"] = MixedPrecisionPolicy(
                 param_dtype=dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False)
         fully_shard(policy, reshard_after_forward=False, **options)
+
+    def _reshards_after_forward(self, last: bool) -> bool:
+        """Whether a block frees its gathered weights after forward. By default every block
+        but the last does: backward starts with the last block, so resharding it would only
+        free weights that are gathered again at once."""
+        if self.reshard_after_forward == "default":
+            return not last
+        return self.reshard_after_forward == "always"
 
     # --- weights out ----------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from reasonctl import hookimpl
 
@@ -36,10 +36,14 @@ class FSDPBackendConfig(BaseModel):
         "language towers, and the Wan, SD3 and Cosmos diffusion transformers (their "
         "latent tokens split).",
     )
-    reshard_after_forward: bool = Field(
-        default=True,
-        description="Free gathered parameters after forward (less memory, one more gather); "
-        "the last block always keeps them (backward needs them at once).",
+    reshard_after_forward: Literal["default", "always", "never"] = Field(
+        default="default",
+        description="When a block frees its gathered parameters after forward: default: "
+        "every block but the last (backward needs it at once); always: every block (least "
+        "memory, the last block gathered twice); never: none, as ZeRO-2 (no second "
+        "all-gather in backward, but every rank holds the whole model's weights from "
+        "forward to backward). The root (embeddings, output head) always stays gathered. "
+        "true / false are read as default / never.",
     )
     param_dtype: Literal["float32", "compute"] = Field(
         default="float32",
@@ -63,6 +67,14 @@ class FSDPBackendConfig(BaseModel):
         "once after the step's last (fewer reductions; full-size gradients kept on every "
         "rank until then).",
     )
+    @field_validator("reshard_after_forward", mode="before")
+    @classmethod
+    def _boolean_spelling(cls, value: Any) -> Any:
+        """The earlier boolean spelling: ``true`` was today's default, ``false`` never."""
+        if isinstance(value, bool):
+            return "default" if value else "never"
+        return value
+
     logprob_chunk_tokens: int = Field(
         default=2048, gt=0,
         description="Tokens per chunk of the output projection + log-softmax.",
