@@ -77,6 +77,7 @@ from reasonctl.core.protocols import (
     SupportsReferenceModel,
     TokenOutputs,
     UpdatesChangedWeights,
+    ValidatesProcessLayout,
     ValidatesRunConfig,
     reward_media_type,
 )
@@ -260,6 +261,7 @@ __all__ = [
     "TrainBatch",
     "UnknownComponentError",
     "UpdatesChangedWeights",
+    "ValidatesProcessLayout",
     "ValidatesRunConfig",
     "__version__",
     "as_reward",

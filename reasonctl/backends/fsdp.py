@@ -74,6 +74,7 @@ from reasonctl.backends.compile import compile_blocks
 from reasonctl.backends.context_parallel import enable_context_parallel
 from reasonctl.backends.distributed import init_process_group, resolve_device
 from reasonctl.backends.export import tied_parameter_groups
+from reasonctl.backends.layout import fsdp_layout_problems
 from reasonctl.backends.lora import LoraState
 from reasonctl.backends.optim import build_optimizer, build_scheduler
 from reasonctl.backends.tensor_parallel import parallelize_blocks
@@ -247,25 +248,12 @@ class FSDPBackend(TorchBackend):
 
     def _build_mesh(self) -> DeviceMesh:
         replicate, tp, cp = self.dp_replicate, self.tp, self.cp
-        for key, value in (("tp", tp), ("cp", cp)):
-            if value < 1 or self.processes % value:
-                raise ConfigError([
-                    f"backend.fsdp.{key}: {value} does not divide the number of processes "
-                    f"({self.processes}); use a divisor, e.g. the GPUs of one node"
-                ])
-        if self.processes % (tp * cp):
-            raise ConfigError([
-                f"backend.fsdp: cp ({cp}) x tp ({tp}) does not divide the number of processes "
-                f"({self.processes})"
-            ])
+        problems = fsdp_layout_problems(self.processes, dp_replicate=replicate,
+                                        dp_shard=self.dp_shard, cp=cp, tp=tp)
+        if problems:
+            raise ConfigError(problems)
         data = self.processes // (tp * cp)
-        shard = self.dp_shard if self.dp_shard > 0 else data // max(replicate, 1)
-        if replicate < 1 or replicate * shard != data:
-            raise ConfigError([
-                f"backend.fsdp: dp_replicate ({replicate}) x dp_shard ({self.dp_shard}) x cp "
-                f"({cp}) x tp ({tp}) must equal the number of processes ({self.processes}); "
-                "set dp_shard = -1 to use processes / (dp_replicate x cp x tp)"
-            ])
+        shard = self.dp_shard if self.dp_shard > 0 else data // replicate
         sizes, names = [shard], ["dp_shard"]
         if replicate > 1:
             sizes, names = [replicate, shard], ["dp_replicate", "dp_shard"]

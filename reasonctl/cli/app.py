@@ -140,14 +140,15 @@ def run_command(
     values = common.flag_values(algo=algo, backend=backend, output_dir=output_dir, resume=resume,
                                 resume_with_changes=resume_with_changes)
     cfg = common.load(config, set_, values)
-    if not common.inside_launcher():  # the launching process already checked
-        from reasonctl.core.composition import preflight
-
-        preflight(cfg, common.host().registry)
     launched = nproc_per_node > 1 or nnodes > 1
     if launched and cfg.backend.name == "single":
         fail("the 'single' backend runs one process; use --backend fsdp (or megatron) with "
              "--nproc-per-node > 1", code=2)
+    if not common.inside_launcher():  # the launching process already checked
+        from reasonctl.core.composition import preflight
+
+        # the layout of every process this command starts, before any of them starts
+        preflight(cfg, common.host().registry, processes=nproc_per_node * nnodes)
     if launched and not common.inside_launcher():
         from reasonctl.cli.launch import launch_workers
 

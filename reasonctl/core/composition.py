@@ -21,6 +21,7 @@ from reasonctl.core.protocols import (
     Needs,
     RunContext,
     SupportsReferenceModel,
+    ValidatesProcessLayout,
     ValidatesRunConfig,
     skipped_row_reports,
     skipped_rows,
@@ -54,7 +55,8 @@ def build_component(ctx: RunContext, kind: str, section: str, name: str,
     return spec.build(options, ctx=ctx)
 
 
-def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1) -> None:
+def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1,
+              processes: int | None = None) -> None:
     """Check what can be known before loading anything; raise one :class:`ConfigError`.
 
     The outside world (input paths, output directory, upload URIs, device, resume path:
@@ -62,13 +64,26 @@ def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1) -> 
     algorithm's config model declares :class:`~reasonctl.core.protocols.Needs` with a
     dataset, or declares none) and the algorithm's own view of the config (its config
     model's :class:`~reasonctl.core.protocols.ValidatesRunConfig`) on ``world_size``
-    data-parallel ranks.
+    data-parallel ranks. With ``processes`` (the launcher's process count) the backend's
+    config model checks its layout
+    (:class:`~reasonctl.core.protocols.ValidatesProcessLayout`) and says how many of them
+    are data-parallel ranks.
     """
     from reasonctl.core.config import preflight_problems
 
     options = config.component_config("algorithm", config.algorithm.name)
     needs = options.needs() if isinstance(options, DeclaresNeeds) else Needs()
     problems = preflight_problems(config, registry, reads_data=needs.dataset)
+    backend_options = config.component_config("backend", config.backend.name)
+    if processes is not None:
+        world_size = processes
+        if isinstance(backend_options, ValidatesProcessLayout):
+            layout = backend_options.layout_problems(config, processes=processes)
+            problems += layout
+            if layout:  # the data-parallel size is unknown: check the algorithm on one rank
+                world_size = 1
+            else:
+                world_size = backend_options.data_parallel_size(processes=processes)
     if isinstance(options, ValidatesRunConfig):
         problems += options.config_problems(config, world_size=world_size)
     problems += placement_problems(config, options)

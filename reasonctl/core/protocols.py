@@ -202,6 +202,25 @@ class ValidatesRunConfig(Protocol):
         ...
 
 
+@runtime_checkable
+class ValidatesProcessLayout(Protocol):
+    """Optional for a backend's config model: how it lays out ``processes`` launched
+    processes, checked by the launcher before it starts any (``reasonctl run
+    --nproc-per-node N``): the problems of the layout (sizes that do not divide the
+    processes or the model, a device the backend cannot use), as ``path: message`` lines
+    reported with the other pre-flight problems (exit 2), and the data-parallel ranks the
+    algorithm's :class:`ValidatesRunConfig` check then sees. Default: none, and every
+    process a data-parallel rank. Keep it free of torch imports at module level."""
+
+    def layout_problems(self, config: RunConfig, *, processes: int) -> list[str]:
+        """Problems of running ``config`` on ``processes`` processes with this backend."""
+        ...
+
+    def data_parallel_size(self, *, processes: int) -> int:
+        """Data-parallel ranks among ``processes`` (called when there are no problems)."""
+        ...
+
+
 # --- components ----------------------------------------------------------------------------------
 
 
@@ -861,6 +880,7 @@ __all__ = [
     "SupportsReferenceModel",
     "TokenOutputs",
     "UpdatesChangedWeights",
+    "ValidatesProcessLayout",
     "ValidatesRunConfig",
     "algorithm_needs",
     "changed_state_dict",

@@ -84,6 +84,29 @@ class FSDPBackendConfig(BaseModel):
     )
 
 
+    def layout_problems(self, config: Any, *, processes: int) -> list[str]:
+        """The mesh on ``processes`` processes and, for a local model directory, the heads
+        ``tp`` splits (:class:`~reasonctl.core.protocols.ValidatesProcessLayout`)."""
+        from reasonctl.backends.layout import (
+            fsdp_layout_problems,
+            local_model_config,
+            model_split_problems,
+        )
+
+        problems = fsdp_layout_problems(processes, dp_replicate=self.dp_replicate,
+                                        dp_shard=self.dp_shard, cp=self.cp, tp=self.tp)
+        if self.tp > 1:
+            problems += model_split_problems(local_model_config(config.model.name_or_path),
+                                             "backend.fsdp.tp", self.tp)
+        return problems
+
+    def data_parallel_size(self, *, processes: int) -> int:
+        """``processes / (cp x tp)``: the ranks data is split over."""
+        from reasonctl.backends.layout import fsdp_data_parallel_size
+
+        return fsdp_data_parallel_size(processes, cp=self.cp, tp=self.tp)
+
+
 def build_fsdp_backend(config: FSDPBackendConfig | None, **_: Any) -> Any:
     """Shard the model over processes with FSDP2 (HSDP with dp_replicate > 1)."""
     from reasonctl.backends.fsdp import FSDPBackend

@@ -50,6 +50,21 @@ class MegatronBackendConfig(BaseModel):
         return self
 
 
+    def layout_problems(self, config: Any, *, processes: int) -> list[str]:
+        """``tp x pp`` on ``processes`` processes, CUDA, and for a local model directory the
+        heads and layers they split
+        (:class:`~reasonctl.core.protocols.ValidatesProcessLayout`)."""
+        from reasonctl.backends.layout import local_model_config, megatron_layout_problems
+
+        return megatron_layout_problems(
+            processes, tp=self.tp, pp=self.pp, vpp=self.vpp, device=config.backend.device,
+            model=local_model_config(config.model.name_or_path))
+
+    def data_parallel_size(self, *, processes: int) -> int:
+        """``processes / (tp x pp)``: the ranks data is split over."""
+        return max(1, processes // (self.tp * self.pp))
+
+
 def build_megatron_backend(config: MegatronBackendConfig | None, **_: Any) -> Any:
     """Split the model over GPUs with megatron-core tensor/pipeline/data parallelism."""
     from reasonctl.backends.megatron.backend import MegatronBackend, MegatronSettings
