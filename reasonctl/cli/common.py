@@ -152,9 +152,16 @@ def load(config: list[str] | None, set_: list[str] | None, values: dict[str, Any
 def load_with_sources(
     config: list[str] | None, set_: list[str] | None, values: dict[str, Any]
 ) -> tuple[RunConfig, ConfigSources]:
-    """:func:`load`, also returning where each value came from."""
-    return load_config_with_sources(config or [], set_ or [], registry=host().registry,
-                                    values=values, on_warning=warn)
+    """:func:`load`, also returning where each value came from; a ``--set`` or variable
+    for a backend the run does not use is a problem (it would be ignored)."""
+    from reasonctl.core.config.unused_settings import unused_backend_settings
+
+    loaded = load_config_with_sources(config or [], set_ or [], registry=host().registry,
+                                      values=values, on_warning=warn)
+    problems = unused_backend_settings(loaded[1], host().registry)
+    if problems:
+        raise ConfigError(problems)
+    return loaded
 
 
 def inside_launcher() -> bool:

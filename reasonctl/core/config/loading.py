@@ -26,7 +26,6 @@ from reasonctl.core.config.problems import Issue, validation_issues
 from reasonctl.core.config.redaction import remember_secret_variables, secret_variables_named_in
 from reasonctl.core.config.schema import RewardComponent, RunConfig
 from reasonctl.core.config.sources import ConfigSources, collect_sources
-from reasonctl.core.config.unused_settings import unused_backend_settings
 from reasonctl.core.errors import ConfigError, ReasonctlError
 
 if TYPE_CHECKING:
@@ -105,8 +104,6 @@ def validate_config(
     issues += component_name_issues(data, registry)
     issues += reward_option_issues(data, registry)
     problems += [issue.format(sources) for issue in issues]
-    if sources is not None:
-        problems += unused_backend_settings(sources, registry)
     if problems:
         raise ConfigError(problems)
     assert config is not None

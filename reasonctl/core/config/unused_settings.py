@@ -1,4 +1,4 @@
-"""Settings given on the command line for a backend the run does not use.
+"""Settings given on the command line for a backend the run does not use (checked by the CLI).
 
 ``--set backend.fsdp.dp_replicate=2`` (or ``REASONCTL_BACKEND__FSDP__DP_REPLICATE``) while
 ``backend.name`` is ``single`` would be read, validated and then ignored: the run would
