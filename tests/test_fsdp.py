@@ -70,13 +70,14 @@ def run_in_process(config_file: Path, *overrides: str) -> Any:
     return run(config, host=host)
 
 
-def launch(config_file: Path, output_dir: Path, *extra: str, processes: int = 2) -> None:
+def launch(config_file: Path, output_dir: Path, *extra: str, processes: int = 2) -> str:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "reasonctl", "run", "--backend", "fsdp",
                "--nproc-per-node", str(processes), "--config", str(config_file),
                "--output-dir", str(output_dir), *extra]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc.stdout + proc.stderr
 
 
 def losses(output_dir: Path) -> dict[int, float]:

@@ -1,5 +1,6 @@
-"""A checkpoint of HSDP 2 x 2 on four gloo processes resumes on two processes and on one
-with the losses and gradient norms of the unbroken four-process run."""
+"""A checkpoint of HSDP 2 x 2 on four gloo processes (the layout said once in the log)
+resumes on two processes and on one with the losses and gradient norms of the unbroken
+four-process run."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def test_hsdp_checkpoint_of_four_processes_resumes_on_two_and_one(
         tmp_path: Path, tiny_model_dir: Path) -> None:
     config = write_run_files(tmp_path, tiny_model_dir)
     unbroken = tmp_path / "hsdp4"
-    launch(config, unbroken, "--set", "backend.fsdp.dp_replicate=2", processes=4)
+    output = launch(config, unbroken, "--set", "backend.fsdp.dp_replicate=2", processes=4)
+    assert output.count("fsdp: HSDP, 2 replicas (dp_replicate) x 2 shards") == 1, output
     checkpoint = unbroken / "checkpoints" / "step_3"
     assert len(list((checkpoint / "state").glob("*.distcp"))) == 4
     resume = f"run.resume={json.dumps(str(checkpoint))}"

@@ -139,6 +139,10 @@ class FSDPBackend(TorchBackend):
         self.rank = data_mesh.get_local_rank(0)
         if data_mesh.ndim == 2:  # HSDP: replica-major
             self.rank = self.rank * data_mesh.size(1) + data_mesh.get_local_rank(1)
+        if data_mesh.ndim == 2 and self.is_main:
+            ctx.info(f"fsdp: HSDP, {data_mesh.size(0)} replicas (dp_replicate) x "
+                     f"{data_mesh.size(1)} shards (dp_shard); gradients reduce-scattered "
+                     "within a replica, then all-reduced across replicas")
         # FSDP averages gradients over dp x cp; the cp ranks' parts of one sequence add up
         self.grad_scale = float(self.world_size * self.cp)
 
