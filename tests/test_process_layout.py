@@ -61,6 +61,19 @@ def test_bad_layouts_exit_2_before_any_worker_starts(
     assert "Traceback" not in output and "dp_shard = -1 to use" not in output, output
 
 
+def test_the_built_in_tiny_model_is_checked_too(tmp_path: Path, tiny_model_dir: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``model.name_or_path = "tiny-random"`` (already created): its heads are known."""
+    from reasonctl.models.tiny import resolve_tiny_alias
+
+    resolve_tiny_alias("tiny-random")
+    config = write_run_files(tmp_path, tiny_model_dir)
+    code, output = run_cli(monkeypatch, config, "--backend", "fsdp", "--nproc-per-node", "4",
+                           "--set", "backend.fsdp.tp=4", "--set", "backend.device='cpu'",
+                           "--set", "model.name_or_path='tiny-random'")
+    assert code == 2 and "num_key_value_heads (2)" in output, output
+
+
 def test_layouts_that_fit_pass_and_give_the_data_parallel_ranks() -> None:
     from reasonctl.plugins.backends.fsdp import FSDPBackendConfig
     from reasonctl.plugins.backends.megatron import MegatronBackendConfig

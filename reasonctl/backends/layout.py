@@ -1,8 +1,9 @@
 """Process layouts of the fsdp and megatron backends, checked before any process starts.
 
 Pure arithmetic on the configured sizes and the number of launched processes, plus the
-model's ``config.json`` when ``model.name_or_path`` is a local directory (heads and layers
-that a tensor- or pipeline-parallel size must divide). No torch at import: the launcher
+model's ``config.json`` when ``model.name_or_path`` is a local directory or a built-in
+tiny model already created (heads and layers that a tensor- or pipeline-parallel size must
+divide). No torch at import: the launcher
 runs these checks before it starts the workers (``reasonctl run --nproc-per-node N``),
 and the backends repeat the fsdp one when they build their mesh.
 """
@@ -98,9 +99,15 @@ def model_split_problems(model: dict[str, Any] | None, key: str, tp: int) -> lis
 
 
 def local_model_config(name_or_path: str) -> dict[str, Any] | None:
-    """``config.json`` of a local model directory; ``None`` for a hub name, a remote URI,
-    a built-in name or an unreadable file (those are checked when the model loads)."""
-    path = Path(name_or_path).expanduser() / "config.json"
+    """``config.json`` of a local model directory (or of a built-in tiny model already
+    created); ``None`` for a hub name, a remote URI or an unreadable file (those are
+    checked when the model loads)."""
+    from reasonctl.models.tiny import TINY_ALIAS, TINY_VERSION, TINY_VL_ALIASES, cache_root
+
+    directory = Path(name_or_path).expanduser()
+    if name_or_path == TINY_ALIAS or name_or_path in TINY_VL_ALIASES:
+        directory = cache_root() / f"{name_or_path}-{TINY_VERSION}"
+    path = directory / "config.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
