@@ -109,3 +109,25 @@ def test_worker_with_unreachable_redis_fails_fast_and_clearly() -> None:
     assert result.exit_code == 1
     assert "cannot reach Redis at redis://127.0.0.1:" in " ".join(result.output.split())
     assert time.monotonic() - started < 15
+
+
+@pytest.mark.parametrize("url", ["localhost:6379", "http://127.0.0.1:6379/0", "redis://"])
+def test_a_redis_url_redis_py_cannot_open_is_a_config_error(tmp_path: Path, url: str) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[rollout]\nplacement = "separate"\n'
+                      f'[rollout.workers]\nredis_url = "{url}"\n')
+    result = CliRunner().invoke(build_app(host()), ["config", "validate", "--config",
+                                                    str(config), "--algo", "grpo"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, output
+    assert "rollout.workers.redis_url:" in output and "e.g. redis://127.0.0.1:6379/0" in output
+
+
+def test_a_worker_given_a_redis_address_without_scheme_is_told_the_url_form() -> None:
+    pytest.importorskip("redis", reason="redis-py is not installed (reasonctl[async])")
+    result = CliRunner().invoke(build_app(host()), [
+        "worker", "rollout", "--redis", "localhost:6379", "--run", "r", "--connect-timeout", "1"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, output
+    assert "localhost:6379 is not a Redis URL" in output and "--redis" in output
+    assert "Traceback" not in output

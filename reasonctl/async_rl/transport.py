@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from reasonctl.core.config import redact_text
-from reasonctl.core.errors import ReasonctlError, require
+from reasonctl.core.config.placement import redis_url_problem
+from reasonctl.core.errors import ReasonctlError, UsageError, require
 
 PROMPTS_GROUP = "workers"
 RESULTS_GROUP = "trainer"
@@ -53,13 +54,20 @@ class Entry:
 def connect(url: str, *, timeout_s: float, block_s: float = 1.0) -> Any:
     """A redis-py client for ``url`` that answered a PING within ``timeout_s`` seconds.
 
-    Raises :class:`ReasonctlError` naming the server when it does not answer, and
+    Raises :class:`~reasonctl.core.errors.UsageError` for a URL that is not a Redis URL or
+    a server that rejects our credentials, :class:`ReasonctlError` naming the server when it
+    does not answer in time (each probe is bounded by the time left, so the wait ends
+    within ``timeout_s`` plus a fraction of a second), and
     :class:`~reasonctl.core.errors.MissingDependencyError` without redis-py.
     """
     redis = require("redis", "async", "separate rollout workers")
-    from redis.backoff import ExponentialBackoff
+    from redis.backoff import ExponentialBackoff, NoBackoff
     from redis.retry import Retry
 
+    problem = redis_url_problem(url)
+    if problem:
+        raise UsageError(f"{redact_text(url)} is not a Redis URL: {problem} "
+                         "(rollout.workers.redis_url / --redis)")
     attempts = max(1, int(timeout_s))
     client = redis.Redis.from_url(
         url,
@@ -70,11 +78,18 @@ def connect(url: str, *, timeout_s: float, block_s: float = 1.0) -> Any:
     )
     deadline = time.monotonic() + timeout_s
     while True:
+        left = max(0.05, min(deadline - time.monotonic(), 5.0))
+        probe = redis.Redis.from_url(url, socket_connect_timeout=left, socket_timeout=left,
+                                     retry=Retry(NoBackoff(), 0))
         try:
-            client.ping()
+            probe.ping()
             return client
+        except redis.AuthenticationError as exc:
+            raise UsageError(f"Redis at {redact_text(url)} refused our credentials ({exc}); "
+                             "put the password in the URL: redis://:PASSWORD@HOST:PORT/DB"
+                             ) from exc
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            if time.monotonic() >= deadline:
+            if time.monotonic() + 0.2 >= deadline:
                 raise ReasonctlError(
                     f"cannot reach Redis at {redact_text(url)} within {timeout_s:g}s ({exc}); "
                     "start redis-server there or fix rollout.workers.redis_url / --redis"
@@ -82,6 +97,8 @@ def connect(url: str, *, timeout_s: float, block_s: float = 1.0) -> Any:
             time.sleep(0.2)
         except redis.ResponseError as exc:  # e.g. a password is needed
             raise ReasonctlError(f"Redis at {redact_text(url)} refused us: {exc}") from exc
+        finally:
+            probe.close()
 
 
 def _redis_errors(method: F) -> F:

@@ -9,7 +9,8 @@ builds the configured rollout engine on its own device, and then, until the run 
    nobody refreshed for ``heartbeat_ttl_s``), else waits for a new one (``XREADGROUP``);
    a batch delivered more than ``max_deliveries`` times goes to the dead-letter stream;
 2. fetches the newest staged weights when they differ from its own (a worker that joins
-   mid-run starts with the current weights);
+   mid-run starts with the current weights, fetched before it takes its first batch; a
+   model whose names or shapes do not fit them stops the worker with a usage error);
 3. samples ``rollout.n`` completions per prompt with the batch's seed and appends them,
    stamped with its weight version, to the trainer rank's stream while acknowledging the
    batch in one transaction. An exception is recorded and the batch is left to be
@@ -36,7 +37,7 @@ from reasonctl.async_rl.messages import PromptBatch, RolloutBatch, WeightVersion
 from reasonctl.async_rl.transport import Entry, Transport
 from reasonctl.async_rl.weight_sync import WeightReceiver, receiver_for, version_of
 from reasonctl.backends.distributed import resolve_device
-from reasonctl.core.errors import ConfigError, ReasonctlError
+from reasonctl.core.errors import ConfigError, ReasonctlError, UsageError
 from reasonctl.core.protocols import RunContext
 
 if TYPE_CHECKING:
@@ -84,6 +85,9 @@ class RolloutWorker:
         self.mechanism = ""
         self.current: str | None = None
         self.batches = 0
+        self.first_sync_ms = 0.0
+        """The fetch before the first batch, reported with that batch."""
+        self._first_tried = False
         self._stop = threading.Event()
 
     @classmethod
@@ -120,8 +124,7 @@ class RolloutWorker:
         self.transport.beat("worker", self.name, self.settings.heartbeat_ttl_s)
         beat.start()
         trainer_seen = time.monotonic()
-        _log(f"worker {self.name} joined run {self.transport.run_id} on "
-             f"{self.ctx.config.backend.device}")
+        _log(f"worker {self.name} joined run {self.transport.run_id} on {self.device}")
         try:
             while True:
                 state = self.transport.state()
@@ -133,6 +136,9 @@ class RolloutWorker:
                 elif now - trainer_seen > self.settings.wait_timeout_s:
                     return (f"no trainer for {self.settings.wait_timeout_s:g}s "
                             "(rollout.workers.wait_timeout_s)")
+                if self.version is None and self.batches == 0 and not self._first_tried:
+                    self._first_sync()
+                    continue
                 entry = self._next_entry()
                 if entry is not None:
                     self._serve(entry)
@@ -140,6 +146,18 @@ class RolloutWorker:
             self._stop.set()
             if self.receiver is not None:
                 self.receiver.close()
+
+    def _first_sync(self) -> None:
+        """Fetch the current weights before taking a batch, so a model that does not fit
+        them stops this worker (:class:`UsageError`) before it holds any batch; other
+        failures are retried with the first batch (and reported against it)."""
+        self._first_tried = True
+        try:
+            self.first_sync_ms = self._sync()
+        except ReasonctlError:
+            raise
+        except Exception as exc:
+            _log(f"fetching the current weights failed ({exc}); trying again with a batch")
 
     def _next_entry(self) -> Entry | None:
         ttl_ms = int(self.settings.heartbeat_ttl_s * 1000)
@@ -158,7 +176,8 @@ class RolloutWorker:
         self.current = entry.id
         try:
             batch = PromptBatch.from_fields(entry.fields)
-            sync_ms = self._sync()
+            sync_ms = self._sync() + self.first_sync_ms
+            self.first_sync_ms = 0.0
             assert self.version is not None
             started = time.perf_counter()
             params = sampling_params(self.ctx.config, seed=batch.seed,
@@ -203,7 +222,14 @@ class RolloutWorker:
                                          device=self.device,
                                          timeout_s=self.settings.sync_timeout_s)
         version, tensors = self.receiver.fetch(info)
-        self.engine.update_weights(iter(tensors))
+        try:
+            self.engine.update_weights(iter(tensors))
+        except ValueError as exc:  # names or shapes differ: no batch can ever succeed here
+            model = self.ctx.config.model.name_or_path
+            raise UsageError(
+                f"this worker's model ({model}) does not fit the trainer's weights: {exc}. "
+                "A worker loads model.name_or_path from the run's config: give this node the "
+                "trainer's model at that path and drop any --set model.* override") from exc
         self.version = version
         return (time.perf_counter() - started) * 1000
 

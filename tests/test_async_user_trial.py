@@ -1,0 +1,89 @@
+"""What a user of separate rollout workers runs into by hand: a bounded wait for a Redis
+that is not there, and a hand-started worker whose model does not fit the run's weights."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from redis_support import needs_redis, redis_server, redis_url  # noqa: F401
+from typer.testing import CliRunner
+
+from reasonctl.async_rl.messages import PromptBatch, WeightVersion
+from reasonctl.cli.app import build_app
+from reasonctl.cli.common import host
+from reasonctl.core.errors import ReasonctlError
+
+pytestmark = [pytest.mark.redis]
+
+
+def test_connect_timeout_bounds_the_wait_for_an_unreachable_redis() -> None:
+    pytest.importorskip("redis", reason="redis-py is not installed (reasonctl[async])")
+    from reasonctl.async_rl.processes import free_port
+    from reasonctl.async_rl.transport import Transport
+
+    started = time.monotonic()
+    with pytest.raises(ReasonctlError, match="cannot reach Redis at .* within 8s"):
+        Transport.open(f"redis://127.0.0.1:{free_port()}/0", "x", timeout_s=8)
+    waited = time.monotonic() - started
+    assert 7.5 < waited < 9.5, f"waited {waited:.1f}s for rollout.workers.connect_timeout_s = 8"
+
+
+RUN_CONFIG = """
+[run]
+name = "trial"
+output_dir = "{out}"
+[model]
+name_or_path = "{model}"
+[backend]
+device = "cpu"
+[rollout]
+engine = "hf"
+placement = "separate"
+n = 2
+max_new_tokens = 2
+[rollout.workers]
+count = 0
+weight_sync = "file"
+weight_dir = "{weights}"
+heartbeat_ttl_s = 2
+wait_timeout_s = 4
+"""
+
+
+@needs_redis
+def test_a_worker_whose_model_does_not_fit_stops_before_taking_a_batch(
+        redis_url: str, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from reasonctl.async_rl.transport import Transport
+    from reasonctl.async_rl.weight_sync import FilePublisher
+    from reasonctl.models.tiny import make_tiny_model_dir, resolve_tiny_alias
+
+    trainer_model = Path(resolve_tiny_alias("tiny-random"))
+    narrow = make_tiny_model_dir(tmp_path / "narrow", hidden_size=32, intermediate_size=64)
+    transport = Transport.open(redis_url, "trial-1", timeout_s=5)
+    transport.create_run(RUN_CONFIG.format(out=tmp_path / "out", model=trainer_model,
+                                           weights=tmp_path / "w"), 1)
+    transport.beat("trainer", "0", 4.0)
+    weights = load_file(str(trainer_model / "model.safetensors"))
+    FilePublisher(transport, tmp_path / "w", torch.float32).stage(
+        iter(sorted(weights.items())), WeightVersion(1, 0))
+    transport.publish_prompts(PromptBatch(step=0, rank=0, seed=1, indices=[0],
+                                          prompts=[{"input_ids": [1, 2, 3]}]).to_fields())
+
+    result = CliRunner().invoke(build_app(host()), [
+        "worker", "rollout", "--redis", redis_url, "--run", "trial-1", "--device", "cpu",
+        "--name", "narrow", "--set", f'model.name_or_path="{narrow}"'])
+
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, output
+    assert f"this worker's model ({narrow}) does not fit the trainer's weights" in output
+    assert "has shape (263, 64) but the rollout model expects (263, 32)" in output
+    # the batch was never delivered: a fitting worker takes it at once, with nothing to
+    # wait for and no delivery counted against it
+    assert transport.pending_by_consumer().get("narrow", 0) == 0
+    entry = transport.read_prompt("fits", block_ms=100)
+    assert entry is not None and PromptBatch.from_fields(entry.fields).batch_id == "s0-r0"
