@@ -87,3 +87,29 @@ def test_a_worker_whose_model_does_not_fit_stops_before_taking_a_batch(
     assert transport.pending_by_consumer().get("narrow", 0) == 0
     entry = transport.read_prompt("fits", block_ms=100)
     assert entry is not None and PromptBatch.from_fields(entry.fields).batch_id == "s0-r0"
+
+
+@needs_redis
+def test_a_password_redis_rejects_is_a_usage_error_at_once(tmp_path: Path) -> None:
+    pytest.importorskip("redis", reason="redis-py is not installed (reasonctl[async])")
+    import shutil
+    import subprocess
+
+    from reasonctl.async_rl.processes import free_port, stop_process
+    from reasonctl.async_rl.transport import Transport
+    from reasonctl.core.errors import UsageError
+
+    port = free_port()
+    server = subprocess.Popen([str(shutil.which("redis-server")), "--port", str(port), "--bind",
+                               "127.0.0.1", "--requirepass", "right-pw", "--save", "",
+                               "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    try:
+        Transport.open(f"redis://:right-pw@127.0.0.1:{port}/0", "x", timeout_s=10)  # it is up
+        for url in (f"redis://127.0.0.1:{port}/0", f"redis://:wrong-pw@127.0.0.1:{port}/0"):
+            started = time.monotonic()
+            with pytest.raises(UsageError, match="refused our credentials") as info:
+                Transport.open(url, "x", timeout_s=10)
+            assert time.monotonic() - started < 3, "a rejected password is not worth retrying"
+            assert "wrong-pw" not in str(info.value)
+    finally:
+        stop_process(server, 5)  # type: ignore[arg-type]

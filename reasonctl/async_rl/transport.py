@@ -86,8 +86,8 @@ def connect(url: str, *, timeout_s: float, block_s: float = 1.0) -> Any:
             return client
         except redis.AuthenticationError as exc:
             raise UsageError(f"Redis at {redact_text(url)} refused our credentials ({exc}); "
-                             "put the password in the URL: redis://:PASSWORD@HOST:PORT/DB"
-                             ) from exc
+                             "give its password in the URL, after a colon before the host "
+                             "and @ (see the URL form in the README)") from exc
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             if time.monotonic() + 0.2 >= deadline:
                 raise ReasonctlError(
