@@ -113,3 +113,24 @@ def test_a_password_redis_rejects_is_a_usage_error_at_once(tmp_path: Path) -> No
             assert "wrong-pw" not in str(info.value)
     finally:
         stop_process(server, 5)  # type: ignore[arg-type]
+
+
+@needs_redis
+def test_a_wrong_run_id_is_answered_with_the_runs_that_redis_holds(redis_url: str) -> None:
+    from reasonctl.async_rl.transport import Transport
+
+    Transport.open(redis_url, "quickstart_grpo-1a2b3c4d", timeout_s=5).create_run(
+        "[run]\nname = 'quickstart_grpo'\n", 1)
+    app = build_app(host())
+    result = CliRunner().invoke(app, ["worker", "rollout", "--redis", redis_url,
+                                      "--run", "quickstart_grpo-1a2b3c4e"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, output
+    assert "no run 'quickstart_grpo-1a2b3c4e'" in output
+    assert "runs there: quickstart_grpo-1a2b3c4d (running)" in output
+    other_db = redis_url.rsplit("/", 1)[0] + "/1"
+    result = CliRunner().invoke(app, ["worker", "rollout", "--redis", other_db,
+                                      "--run", "quickstart_grpo-1a2b3c4d"])
+    assert result.exit_code == 2
+    assert "no run is registered there (check the URL's host, port and /DB)" in " ".join(
+        result.output.split())

@@ -168,6 +168,18 @@ class Transport:
         return bool(self.client.exists(self.key("meta")))
 
     @_redis_errors
+    def known_runs(self, limit: int = 20) -> dict[str, str]:
+        """Up to ``limit`` runs registered in this Redis database: run id -> state."""
+        runs: dict[str, str] = {}
+        for key in self.client.scan_iter(match=f"{KEY_PREFIX}:*:meta", count=200):
+            run_id = _text(key)[len(KEY_PREFIX) + 1 : -len(":meta")]
+            state = self.client.hget(key, "state")
+            runs[run_id] = _text(state) if state is not None else "?"
+            if len(runs) >= limit:
+                break
+        return dict(sorted(runs.items()))
+
+    @_redis_errors
     def meta(self) -> dict[str, str]:
         """The run's ``meta`` hash (``world_size``, ``state``, ``incarnation`` ...)."""
         return {k.decode(): v.decode() for k, v in self.client.hgetall(self.key("meta")).items()}

@@ -37,6 +37,7 @@ from reasonctl.async_rl.messages import PromptBatch, RolloutBatch, WeightVersion
 from reasonctl.async_rl.transport import Entry, Transport
 from reasonctl.async_rl.weight_sync import WeightReceiver, receiver_for, version_of
 from reasonctl.backends.distributed import resolve_device
+from reasonctl.core.config.redaction import redact_text
 from reasonctl.core.errors import ConfigError, ReasonctlError, UsageError
 from reasonctl.core.protocols import RunContext
 
@@ -100,9 +101,12 @@ class RolloutWorker:
 
         transport = Transport.open(url, run_id, timeout_s=connect_timeout_s)
         if not transport.exists():
-            raise ConfigError([f"--run: no run {run_id!r} in Redis at {url}; the trainer prints "
-                               "the run id when it starts (and keeps it in "
-                               "<output_dir>/rollout_workers.json)"])
+            runs = transport.known_runs()
+            known = (f"runs there: {', '.join(f'{r} ({s})' for r, s in runs.items())}" if runs
+                     else "no run is registered there (check the URL's host, port and /DB)")
+            raise ConfigError([f"--run: no run {run_id!r} in Redis at {redact_text(url)}; "
+                               f"{known}. The trainer prints the run id when it starts (and "
+                               "keeps it in <output_dir>/rollout_workers.json)"])
         config = worker_config(transport.config_text(), list(overrides or []), device, host)
         ctx = RunContext(config=config, registry=host.registry, hooks=host.hooks,
                          output_dir=Path(config.run.output_dir))
