@@ -134,3 +134,19 @@ def test_a_wrong_run_id_is_answered_with_the_runs_that_redis_holds(redis_url: st
     assert result.exit_code == 2
     assert "no run is registered there (check the URL's host, port and /DB)" in " ".join(
         result.output.split())
+
+
+@needs_redis
+def test_losing_redis_says_how_to_continue_without_promising_its_state(redis_server) -> None:
+    from reasonctl.async_rl.transport import Transport
+
+    transport = Transport.open(redis_server.url, "r", timeout_s=5)
+    redis_server.stop()
+    with pytest.raises(ReasonctlError) as info:
+        transport.state()
+    message = str(info.value)
+    assert "lost the connection to Redis" in message
+    # a Redis without persistence comes back empty, and --resume needs only the checkpoint
+    assert "state is kept there" not in message
+    assert "--resume` continues the trainer from its last checkpoint" in message
+    assert "workers rejoin with `reasonctl worker rollout`" in message

@@ -112,8 +112,10 @@ def _redis_errors(method: F) -> F:
             return method(self, *args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise ReasonctlError(
-                f"lost the connection to Redis at {redact_text(self.url)} ({exc}); the run's "
-                "state is kept there, so restart the trainer with --resume once it is back"
+                f"lost the connection to Redis at {redact_text(self.url)} ({exc}); once it "
+                "answers again, `reasonctl run ... --resume` continues the trainer from its "
+                "last checkpoint (a Redis the run started itself is started again) and "
+                "workers rejoin with `reasonctl worker rollout`"
             ) from exc
 
     return wrapper  # type: ignore[return-value]
