@@ -150,3 +150,28 @@ def test_losing_redis_says_how_to_continue_without_promising_its_state(redis_ser
     assert "state is kept there" not in message
     assert "--resume` continues the trainer from its last checkpoint" in message
     assert "workers rejoin with `reasonctl worker rollout`" in message
+
+
+@needs_redis
+def test_a_worker_says_when_the_trainer_is_gone_and_how_long_it_waits(
+        redis_url: str, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from reasonctl.async_rl.transport import Transport
+    from reasonctl.async_rl.weight_sync import FilePublisher
+    from reasonctl.models.tiny import resolve_tiny_alias
+
+    model = Path(resolve_tiny_alias("tiny-random"))
+    transport = Transport.open(redis_url, "trial-2", timeout_s=5)
+    transport.create_run(RUN_CONFIG.format(out=tmp_path / "out", model=model,
+                                           weights=tmp_path / "w"), 1)
+    transport.beat("trainer", "0", 1.0)  # a trainer that dies a moment later
+    FilePublisher(transport, tmp_path / "w", torch.float32).stage(
+        iter(sorted(load_file(str(model / "model.safetensors")).items())), WeightVersion(1, 0))
+    result = CliRunner().invoke(build_app(host()), [
+        "worker", "rollout", "--redis", redis_url, "--run", "trial-2", "--device", "cpu"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 0, output
+    assert ("the trainer stopped heartbeating (stopped, failed or killed); waiting up to 4s "
+            "(rollout.workers.wait_timeout_s) for it to continue with --resume") in output
+    assert output.endswith("no trainer for 4s (rollout.workers.wait_timeout_s)")

@@ -89,6 +89,7 @@ class RolloutWorker:
         self.first_sync_ms = 0.0
         """The fetch before the first batch, reported with that batch."""
         self._first_tried = False
+        self._trainer_gone = False
         self._stop = threading.Event()
 
     @classmethod
@@ -136,10 +137,18 @@ class RolloutWorker:
                     return f"run {state}"
                 now = time.monotonic()
                 if self.transport.trainer_alive():
+                    if self._trainer_gone:
+                        self._trainer_gone = False
+                        _log("the trainer is back")
                     trainer_seen = now
                 elif now - trainer_seen > self.settings.wait_timeout_s:
                     return (f"no trainer for {self.settings.wait_timeout_s:g}s "
                             "(rollout.workers.wait_timeout_s)")
+                elif not self._trainer_gone:
+                    self._trainer_gone = True
+                    _log("the trainer stopped heartbeating (stopped, failed or killed); waiting "
+                         f"up to {self.settings.wait_timeout_s:g}s "
+                         "(rollout.workers.wait_timeout_s) for it to continue with --resume")
                 if self.version is None and self.batches == 0 and not self._first_tried:
                     self._first_sync()
                     continue
