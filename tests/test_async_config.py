@@ -131,3 +131,19 @@ def test_a_worker_given_a_redis_address_without_scheme_is_told_the_url_form() ->
     assert result.exit_code == 2, output
     assert "localhost:6379 is not a Redis URL" in output and "--redis" in output
     assert "Traceback" not in output
+
+
+def test_worker_settings_in_a_colocated_run_are_called_unused(tmp_path: Path) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"prompt": "hi", "reference": "A"}) + "\n")
+    config = tmp_path / "c.toml"
+    config.write_text(f'[data.jsonl]\npath = "{data}"\n[rollout.workers]\ncount = 2\n'
+                      "max_staleness = 0\n")
+    with pytest.warns(UserWarning) as caught:
+        result = CliRunner().invoke(build_app(host()), ["config", "validate", "--config",
+                                                        str(config), "--algo", "grpo"])
+    assert result.exit_code == 0, result.output
+    messages = [str(w.message) for w in caught]
+    assert ("rollout.workers: count, max_staleness set, but rollout.placement is 'colocated', "
+            "so no rollout worker runs and these settings are unused; set rollout.placement = "
+            "'separate' to use them") in messages, messages

@@ -136,6 +136,7 @@ def placement_problems(config: RunConfig, algorithm_options: object) -> list[str
     """``path: message`` problems of ``rollout.placement = "separate"`` (none otherwise):
     the algorithm's support, the engine's tensor parallelism, devices, Redis and redis-py."""
     if config.rollout.placement != "separate":
+        _warn_unused_workers(config)
         return []
     workers = config.rollout.workers
     problems: list[str] = []
@@ -159,6 +160,20 @@ def placement_problems(config: RunConfig, algorithm_options: object) -> list[str
         problems.append("rollout.placement: 'separate' talks to Redis through redis-py, "
                         "which is not installed; pip install 'reasonctl[async]'")
     return problems
+
+
+def _warn_unused_workers(config: RunConfig) -> None:
+    """A ``[rollout.workers]`` key set in a colocated run does nothing: say so."""
+    keys = sorted(config.rollout.workers.model_fields_set)
+    if keys:
+        import warnings
+
+        from reasonctl.core.config.loading import ConfigWarning
+
+        warnings.warn(f"rollout.workers: {', '.join(keys)} set, but rollout.placement is "
+                      f"{config.rollout.placement!r}, so no rollout worker runs and these "
+                      "settings are unused; set rollout.placement = 'separate' to use them",
+                      ConfigWarning, stacklevel=3)
 
 
 TENSOR_PARALLEL_ENGINES = ("vllm",)
