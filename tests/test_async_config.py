@@ -147,3 +147,19 @@ def test_worker_settings_in_a_colocated_run_are_called_unused(tmp_path: Path) ->
     assert ("rollout.workers: count, max_staleness set, but rollout.placement is 'colocated', "
             "so no rollout worker runs and these settings are unused; set rollout.placement = "
             "'separate' to use them") in messages, messages
+
+
+def test_a_worker_on_a_device_this_node_lacks_is_a_usage_error_before_redis() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this node has CUDA")
+    from reasonctl.async_rl.processes import free_port
+
+    result = CliRunner().invoke(build_app(host()), [
+        "worker", "rollout", "--redis", f"redis://127.0.0.1:{free_port()}/0", "--run", "r",
+        "--device", "cuda:0", "--connect-timeout", "5"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, output
+    assert "--device cuda:0 cannot be used on this node" in output
+    assert "cannot reach Redis" not in output  # checked before connecting

@@ -100,6 +100,11 @@ class RolloutWorker:
         from reasonctl.core.composition import build_processor, build_rollout_engine
         from reasonctl.models.loading import ensure_model_source
 
+        try:  # before anything is loaded
+            resolve_device(device)
+        except ReasonctlError as exc:
+            raise UsageError(f"--device {device} cannot be used on this node ({exc})"
+                             ) from exc
         transport = Transport.open(url, run_id, timeout_s=connect_timeout_s)
         if not transport.exists():
             runs = transport.known_runs()
