@@ -109,3 +109,57 @@ def test_worker_with_unreachable_redis_fails_fast_and_clearly() -> None:
     assert result.exit_code == 1
     assert "cannot reach Redis at redis://127.0.0.1:" in " ".join(result.output.split())
     assert time.monotonic() - started < 15
+
+
+@pytest.mark.parametrize("url", ["localhost:6379", "http://127.0.0.1:6379/0", "redis://"])
+def test_a_redis_url_redis_py_cannot_open_is_a_config_error(tmp_path: Path, url: str) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[rollout]\nplacement = "separate"\n'
+                      f'[rollout.workers]\nredis_url = "{url}"\n')
+    result = CliRunner().invoke(build_app(host()), ["config", "validate", "--config",
+                                                    str(config), "--algo", "grpo"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, output
+    assert "rollout.workers.redis_url:" in output and "e.g. redis://127.0.0.1:6379/0" in output
+
+
+def test_a_worker_given_a_redis_address_without_scheme_is_told_the_url_form() -> None:
+    pytest.importorskip("redis", reason="redis-py is not installed (reasonctl[async])")
+    result = CliRunner().invoke(build_app(host()), [
+        "worker", "rollout", "--redis", "localhost:6379", "--run", "r", "--connect-timeout", "1"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, output
+    assert "localhost:6379 is not a Redis URL" in output and "--redis" in output
+    assert "Traceback" not in output
+
+
+def test_worker_settings_in_a_colocated_run_are_called_unused(tmp_path: Path) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"prompt": "hi", "reference": "A"}) + "\n")
+    config = tmp_path / "c.toml"
+    config.write_text(f'[data.jsonl]\npath = "{data}"\n[rollout.workers]\ncount = 2\n'
+                      "max_staleness = 0\n")
+    with pytest.warns(UserWarning) as caught:
+        result = CliRunner().invoke(build_app(host()), ["config", "validate", "--config",
+                                                        str(config), "--algo", "grpo"])
+    assert result.exit_code == 0, result.output
+    messages = [str(w.message) for w in caught]
+    assert ("rollout.workers: count, max_staleness set, but rollout.placement is 'colocated', "
+            "so no rollout worker runs and these settings are unused; set rollout.placement = "
+            "'separate' to use them") in messages, messages
+
+
+def test_a_worker_on_a_device_this_node_lacks_is_a_usage_error_before_redis() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this node has CUDA")
+    from reasonctl.async_rl.processes import free_port
+
+    result = CliRunner().invoke(build_app(host()), [
+        "worker", "rollout", "--redis", f"redis://127.0.0.1:{free_port()}/0", "--run", "r",
+        "--device", "cuda:0", "--connect-timeout", "5"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, output
+    assert "--device cuda:0 cannot be used on this node" in output
+    assert "cannot reach Redis" not in output  # checked before connecting

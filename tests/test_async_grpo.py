@@ -94,7 +94,7 @@ def test_synchronous_workers_reproduce_the_colocated_run(
 
 
 def test_killed_worker_is_replaced_without_losing_or_repeating_a_group(
-    tmp_path: Path, tiny_model_dir: Path, redis_url: str,
+    tmp_path: Path, tiny_model_dir: Path, redis_url: str, capfd: pytest.CaptureFixture[str],
 ) -> None:
     from reasonctl.async_rl.processes import start_worker, stop_process
     from reasonctl.async_rl.transport import Transport
@@ -150,6 +150,10 @@ def test_killed_worker_is_replaced_without_losing_or_repeating_a_group(
     metrics = _metrics(tmp_path / "run")
     assert all(row["async/staleness/max"] <= 1 for row in metrics.values())
     assert sum(row["async/redelivered"] for row in metrics.values()) >= 1
+    # and the trainer's log says so, as well as who joined
+    log = " ".join(capfd.readouterr().err.split())
+    assert "was taken over from a worker that stopped while holding it; second answered" in log
+    assert "rollout worker(s) joined: second" in log
 
 
 def test_killed_trainer_resumes_from_its_checkpoint_and_the_streams(

@@ -91,6 +91,7 @@ class RolloutFeed:
         """Trained steps -> their rollout entry, kept for a resumed trainer."""
         self.resumed_at: int | None = None
         self.dead_seen = "0-0"
+        self.workers_seen: set[str] = set()
         self.counters = _Counters()
 
     # --- checkpoint state -----------------------------------------------------------------
@@ -129,6 +130,8 @@ class RolloutFeed:
         reward_s = time.perf_counter() - scored
         self._finish(ctx, step, entry_id, batch)
         staleness = step - batch.version.step
+        alive = self.transport.live_workers()
+        self._report(ctx, step, batch, alive)
         metrics.update({
             "time/wait_s": wait_s,
             "async/staleness/mean": float(staleness),
@@ -137,11 +140,28 @@ class RolloutFeed:
             "async/redelivered": float(batch.deliveries - 1),
             "async/duplicates_dropped": float(self.counters.duplicates),
             "async/stale_dropped": float(self.counters.stale),
-            "async/workers_alive": float(len(self.transport.live_workers())),
+            "async/workers_alive": float(len(alive)),
             "weights/sync_ms": batch.sync_ms,
         })
         self.counters = _Counters()
         return FeedRollout(groups, batch.tokens, batch.generate_s, reward_s, metrics)
+
+    def _report(self, ctx: RunContext, step: int, batch: RolloutBatch, alive: list[str]
+                ) -> None:
+        """Say (main process) which workers joined or stopped heartbeating since the last
+        step, and when a batch was taken over from a worker that stopped holding it."""
+        names = set(alive)
+        gone, joined = sorted(self.workers_seen - names), sorted(names - self.workers_seen)
+        self.workers_seen = names
+        if joined:
+            ctx.info(f"rollout worker(s) joined: {', '.join(joined)} ({len(names)} alive)")
+        if gone:
+            ctx.info(f"rollout worker(s) stopped heartbeating: {', '.join(gone)} "
+                     f"({len(names)} alive; what they held goes to the others)")
+        if batch.deliveries > 1:
+            ctx.info(f"step {step + 1}: prompt batch {batch.batch_id} was taken over from a "
+                     f"worker that stopped while holding it; {batch.worker} answered it "
+                     f"(delivery {batch.deliveries}), nothing lost or trained twice")
 
     def _stage(self, ctx: RunContext, version: WeightVersion) -> Metrics:
         """Hand weight ``version`` to the publisher; milliseconds and bytes on every rank."""

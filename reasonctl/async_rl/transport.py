@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from reasonctl.core.config import redact_text
-from reasonctl.core.errors import ReasonctlError, require
+from reasonctl.core.config.placement import redis_url_problem
+from reasonctl.core.errors import ReasonctlError, UsageError, require
 
 PROMPTS_GROUP = "workers"
 RESULTS_GROUP = "trainer"
@@ -53,13 +54,20 @@ class Entry:
 def connect(url: str, *, timeout_s: float, block_s: float = 1.0) -> Any:
     """A redis-py client for ``url`` that answered a PING within ``timeout_s`` seconds.
 
-    Raises :class:`ReasonctlError` naming the server when it does not answer, and
+    Raises :class:`~reasonctl.core.errors.UsageError` for a URL that is not a Redis URL or
+    a server that rejects our credentials, :class:`ReasonctlError` naming the server when it
+    does not answer in time (each probe is bounded by the time left, so the wait ends
+    within ``timeout_s`` plus a fraction of a second), and
     :class:`~reasonctl.core.errors.MissingDependencyError` without redis-py.
     """
     redis = require("redis", "async", "separate rollout workers")
-    from redis.backoff import ExponentialBackoff
+    from redis.backoff import ExponentialBackoff, NoBackoff
     from redis.retry import Retry
 
+    problem = redis_url_problem(url)
+    if problem:
+        raise UsageError(f"{redact_text(url)} is not a Redis URL: {problem} "
+                         "(rollout.workers.redis_url / --redis)")
     attempts = max(1, int(timeout_s))
     client = redis.Redis.from_url(
         url,
@@ -70,11 +78,18 @@ def connect(url: str, *, timeout_s: float, block_s: float = 1.0) -> Any:
     )
     deadline = time.monotonic() + timeout_s
     while True:
+        left = max(0.05, min(deadline - time.monotonic(), 5.0))
+        probe = redis.Redis.from_url(url, socket_connect_timeout=left, socket_timeout=left,
+                                     retry=Retry(NoBackoff(), 0))
         try:
-            client.ping()
+            probe.ping()
             return client
+        except redis.AuthenticationError as exc:
+            raise UsageError(f"Redis at {redact_text(url)} refused our credentials ({exc}); "
+                             "give its password in the URL, after a colon before the host "
+                             "and @ (see the URL form in the README)") from exc
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            if time.monotonic() >= deadline:
+            if time.monotonic() + 0.2 >= deadline:
                 raise ReasonctlError(
                     f"cannot reach Redis at {redact_text(url)} within {timeout_s:g}s ({exc}); "
                     "start redis-server there or fix rollout.workers.redis_url / --redis"
@@ -82,6 +97,8 @@ def connect(url: str, *, timeout_s: float, block_s: float = 1.0) -> Any:
             time.sleep(0.2)
         except redis.ResponseError as exc:  # e.g. a password is needed
             raise ReasonctlError(f"Redis at {redact_text(url)} refused us: {exc}") from exc
+        finally:
+            probe.close()
 
 
 def _redis_errors(method: F) -> F:
@@ -95,8 +112,10 @@ def _redis_errors(method: F) -> F:
             return method(self, *args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise ReasonctlError(
-                f"lost the connection to Redis at {redact_text(self.url)} ({exc}); the run's "
-                "state is kept there, so restart the trainer with --resume once it is back"
+                f"lost the connection to Redis at {redact_text(self.url)} ({exc}); once it "
+                "answers again, `reasonctl run ... --resume` continues the trainer from its "
+                "last checkpoint (a Redis the run started itself is started again) and "
+                "workers rejoin with `reasonctl worker rollout`"
             ) from exc
 
     return wrapper  # type: ignore[return-value]
@@ -149,6 +168,18 @@ class Transport:
     def exists(self) -> bool:
         """Whether a trainer registered this run."""
         return bool(self.client.exists(self.key("meta")))
+
+    @_redis_errors
+    def known_runs(self, limit: int = 20) -> dict[str, str]:
+        """Up to ``limit`` runs registered in this Redis database: run id -> state."""
+        runs: dict[str, str] = {}
+        for key in self.client.scan_iter(match=f"{KEY_PREFIX}:*:meta", count=200):
+            run_id = _text(key)[len(KEY_PREFIX) + 1 : -len(":meta")]
+            state = self.client.hget(key, "state")
+            runs[run_id] = _text(state) if state is not None else "?"
+            if len(runs) >= limit:
+                break
+        return dict(sorted(runs.items()))
 
     @_redis_errors
     def meta(self) -> dict[str, str]:

@@ -9,7 +9,8 @@ builds the configured rollout engine on its own device, and then, until the run 
    nobody refreshed for ``heartbeat_ttl_s``), else waits for a new one (``XREADGROUP``);
    a batch delivered more than ``max_deliveries`` times goes to the dead-letter stream;
 2. fetches the newest staged weights when they differ from its own (a worker that joins
-   mid-run starts with the current weights);
+   mid-run starts with the current weights, fetched before it takes its first batch; a
+   model whose names or shapes do not fit them stops the worker with a usage error);
 3. samples ``rollout.n`` completions per prompt with the batch's seed and appends them,
    stamped with its weight version, to the trainer rank's stream while acknowledging the
    batch in one transaction. An exception is recorded and the batch is left to be
@@ -36,7 +37,8 @@ from reasonctl.async_rl.messages import PromptBatch, RolloutBatch, WeightVersion
 from reasonctl.async_rl.transport import Entry, Transport
 from reasonctl.async_rl.weight_sync import WeightReceiver, receiver_for, version_of
 from reasonctl.backends.distributed import resolve_device
-from reasonctl.core.errors import ConfigError, ReasonctlError
+from reasonctl.core.config.redaction import redact_text
+from reasonctl.core.errors import ConfigError, ReasonctlError, UsageError
 from reasonctl.core.protocols import RunContext
 
 if TYPE_CHECKING:
@@ -84,6 +86,10 @@ class RolloutWorker:
         self.mechanism = ""
         self.current: str | None = None
         self.batches = 0
+        self.first_sync_ms = 0.0
+        """The fetch before the first batch, reported with that batch."""
+        self._first_tried = False
+        self._trainer_gone = False
         self._stop = threading.Event()
 
     @classmethod
@@ -94,11 +100,19 @@ class RolloutWorker:
         from reasonctl.core.composition import build_processor, build_rollout_engine
         from reasonctl.models.loading import ensure_model_source
 
+        try:  # before anything is loaded
+            resolve_device(device)
+        except ReasonctlError as exc:
+            raise UsageError(f"--device {device} cannot be used on this node ({exc})"
+                             ) from exc
         transport = Transport.open(url, run_id, timeout_s=connect_timeout_s)
         if not transport.exists():
-            raise ConfigError([f"--run: no run {run_id!r} in Redis at {url}; the trainer prints "
-                               "the run id when it starts (and keeps it in "
-                               "<output_dir>/rollout_workers.json)"])
+            runs = transport.known_runs()
+            known = (f"runs there: {', '.join(f'{r} ({s})' for r, s in runs.items())}" if runs
+                     else "no run is registered there (check the URL's host, port and /DB)")
+            raise ConfigError([f"--run: no run {run_id!r} in Redis at {redact_text(url)}; "
+                               f"{known}. The trainer prints the run id when it starts (and "
+                               "keeps it in <output_dir>/rollout_workers.json)"])
         config = worker_config(transport.config_text(), list(overrides or []), device, host)
         ctx = RunContext(config=config, registry=host.registry, hooks=host.hooks,
                          output_dir=Path(config.run.output_dir))
@@ -120,8 +134,7 @@ class RolloutWorker:
         self.transport.beat("worker", self.name, self.settings.heartbeat_ttl_s)
         beat.start()
         trainer_seen = time.monotonic()
-        _log(f"worker {self.name} joined run {self.transport.run_id} on "
-             f"{self.ctx.config.backend.device}")
+        _log(f"worker {self.name} joined run {self.transport.run_id} on {self.device}")
         try:
             while True:
                 state = self.transport.state()
@@ -129,10 +142,21 @@ class RolloutWorker:
                     return f"run {state}"
                 now = time.monotonic()
                 if self.transport.trainer_alive():
+                    if self._trainer_gone:
+                        self._trainer_gone = False
+                        _log("the trainer is back")
                     trainer_seen = now
                 elif now - trainer_seen > self.settings.wait_timeout_s:
                     return (f"no trainer for {self.settings.wait_timeout_s:g}s "
                             "(rollout.workers.wait_timeout_s)")
+                elif not self._trainer_gone:
+                    self._trainer_gone = True
+                    _log("the trainer stopped heartbeating (stopped, failed or killed); waiting "
+                         f"up to {self.settings.wait_timeout_s:g}s "
+                         "(rollout.workers.wait_timeout_s) for it to continue with --resume")
+                if self.version is None and self.batches == 0 and not self._first_tried:
+                    self._first_sync()
+                    continue
                 entry = self._next_entry()
                 if entry is not None:
                     self._serve(entry)
@@ -140,6 +164,18 @@ class RolloutWorker:
             self._stop.set()
             if self.receiver is not None:
                 self.receiver.close()
+
+    def _first_sync(self) -> None:
+        """Fetch the current weights before taking a batch, so a model that does not fit
+        them stops this worker (:class:`UsageError`) before it holds any batch; other
+        failures are retried with the first batch (and reported against it)."""
+        self._first_tried = True
+        try:
+            self.first_sync_ms = self._sync()
+        except ReasonctlError:
+            raise
+        except Exception as exc:
+            _log(f"fetching the current weights failed ({exc}); trying again with a batch")
 
     def _next_entry(self) -> Entry | None:
         ttl_ms = int(self.settings.heartbeat_ttl_s * 1000)
@@ -158,7 +194,8 @@ class RolloutWorker:
         self.current = entry.id
         try:
             batch = PromptBatch.from_fields(entry.fields)
-            sync_ms = self._sync()
+            sync_ms = self._sync() + self.first_sync_ms
+            self.first_sync_ms = 0.0
             assert self.version is not None
             started = time.perf_counter()
             params = sampling_params(self.ctx.config, seed=batch.seed,
@@ -203,7 +240,14 @@ class RolloutWorker:
                                          device=self.device,
                                          timeout_s=self.settings.sync_timeout_s)
         version, tensors = self.receiver.fetch(info)
-        self.engine.update_weights(iter(tensors))
+        try:
+            self.engine.update_weights(iter(tensors))
+        except ValueError as exc:  # names or shapes differ: no batch can ever succeed here
+            model = self.ctx.config.model.name_or_path
+            raise UsageError(
+                f"this worker's model ({model}) does not fit the trainer's weights: {exc}. "
+                "A worker loads model.name_or_path from the run's config: give this node the "
+                "trainer's model at that path and drop any --set model.* override") from exc
         self.version = version
         return (time.perf_counter() - started) * 1000
 

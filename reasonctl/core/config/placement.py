@@ -90,6 +90,15 @@ class RolloutWorkersSection(Section):
         default=300.0, gt=0, description="Bound on one weight transfer to one replica."
     )
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, url: str | None) -> str | None:
+        if url is not None:
+            problem = redis_url_problem(url)
+            if problem:
+                raise ValueError(problem)
+        return url
+
     @field_validator("devices")
     @classmethod
     def _known_devices(cls, devices: list[str]) -> list[str]:
@@ -97,6 +106,20 @@ class RolloutWorkersSection(Section):
         if bad:
             raise ValueError(f"expected cpu, cuda, cuda:N or mps entries, not {bad}")
         return devices
+
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def redis_url_problem(url: str) -> str | None:
+    """Why ``url`` is not a Redis URL redis-py can open (``None`` when it is)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in REDIS_SCHEMES:
+        return ("expected a URL redis://HOST:PORT/DB (or rediss://..., unix://PATH), e.g. "
+                "redis://127.0.0.1:6379/0")
+    if not rest.strip("/"):
+        return "the URL names no host (or socket path); e.g. redis://127.0.0.1:6379/0"
+    return None
 
 
 @runtime_checkable
@@ -113,6 +136,7 @@ def placement_problems(config: RunConfig, algorithm_options: object) -> list[str
     """``path: message`` problems of ``rollout.placement = "separate"`` (none otherwise):
     the algorithm's support, the engine's tensor parallelism, devices, Redis and redis-py."""
     if config.rollout.placement != "separate":
+        _warn_unused_workers(config)
         return []
     workers = config.rollout.workers
     problems: list[str] = []
@@ -136,6 +160,20 @@ def placement_problems(config: RunConfig, algorithm_options: object) -> list[str
         problems.append("rollout.placement: 'separate' talks to Redis through redis-py, "
                         "which is not installed; pip install 'reasonctl[async]'")
     return problems
+
+
+def _warn_unused_workers(config: RunConfig) -> None:
+    """A ``[rollout.workers]`` key set in a colocated run does nothing: say so."""
+    keys = sorted(config.rollout.workers.model_fields_set)
+    if keys:
+        import warnings
+
+        from reasonctl.core.config.loading import ConfigWarning
+
+        warnings.warn(f"rollout.workers: {', '.join(keys)} set, but rollout.placement is "
+                      f"{config.rollout.placement!r}, so no rollout worker runs and these "
+                      "settings are unused; set rollout.placement = 'separate' to use them",
+                      ConfigWarning, stacklevel=3)
 
 
 TENSOR_PARALLEL_ENGINES = ("vllm",)
