@@ -59,3 +59,28 @@ def test_infer_generates_from_a_lora_adapter_export(
     before = np.asarray(Image.open(tmp_path / "base.png"), dtype=np.int16)
     after = np.asarray(Image.open(tmp_path / "lora.png"), dtype=np.int16)
     assert np.abs(before - after).max() > 0  # the adapters were applied
+
+
+def _write_config(path: Path, config: dict[str, Any]) -> Path:
+    import tomli_w
+
+    path.write_text(tomli_w.dumps(config))
+    return path
+
+
+def test_a_pipeline_of_an_unsupported_class_is_a_config_error_before_loading(
+        tmp_path: Path) -> None:
+    from tests.diffusion_support import run_config
+
+    pipe = tmp_path / "flux"
+    (pipe / "transformer").mkdir(parents=True)
+    (pipe / "model_index.json").write_text(json.dumps(
+        {"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"]}))
+    (pipe / "transformer" / "config.json").write_text('{"_class_name": "FluxTransformer2DModel"}')
+    config = _write_config(tmp_path / "run.toml", run_config(tmp_path / "out", pipe))
+    for command in ("run", "config validate"):
+        result = _cli()(*command.split(), "--config", config)
+        assert result.exit_code == 2, result.output
+        assert "model.name_or_path" in result.output
+        assert "FluxTransformer2DModel" in result.output
+        assert "SD3Transformer2DModel" in result.output  # what is supported

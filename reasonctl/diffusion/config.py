@@ -108,6 +108,7 @@ class FlowGRPOConfig(BaseModel):
         name = config.algorithm.name
         if config.model.lora is not None:
             problems += lora_section_problems(config.model.lora)
+        problems += _model_class_problems(config.model.name_or_path)
         if config.rollout.n < 2:
             problems.append(f"rollout.n: {name} compares samples within a group, so it needs "
                             f"at least 2 per prompt (got {config.rollout.n})")
@@ -122,6 +123,35 @@ class FlowGRPOConfig(BaseModel):
         if self.train_steps is not None:
             return len(self.train_steps)
         return max(1, round(self.sample_steps * self.train_fraction))
+
+
+def _model_class_problems(name_or_path: str) -> list[str]:
+    """A local pipeline directory whose transformer no adapter handles is a config problem,
+    found before its weights load (remote and tiny models are checked when loaded)."""
+    from pathlib import Path
+
+    from reasonctl.diffusion.pipeline_dir import (
+        PipelineDirError,
+        is_pipeline_dir,
+        transformer_class_name,
+    )
+
+    path = Path(name_or_path).expanduser()
+    if not is_pipeline_dir(path):
+        return []
+    try:
+        name = transformer_class_name(path)
+    except PipelineDirError as exc:
+        return [f"model.name_or_path: {exc}"]
+    from reasonctl.diffusion.adapters import supported_classes
+
+    supported = supported_classes()
+    if name in supported:
+        return []
+    return [f"model.name_or_path: {path} is a pipeline with a {name} transformer, which no "
+            f"model adapter handles (supported: {', '.join(supported)}); use such a "
+            "pipeline, or register an adapter for it (README, World-model RL: Another "
+            "architecture)"]
 
 
 class DDRLConfig(FlowGRPOConfig):
