@@ -84,3 +84,33 @@ def test_a_pipeline_of_an_unsupported_class_is_a_config_error_before_loading(
         assert "model.name_or_path" in result.output
         assert "FluxTransformer2DModel" in result.output
         assert "SD3Transformer2DModel" in result.output  # what is supported
+
+
+def test_keys_from_cosmos_rl_and_flow_grpo_configs_are_answered_with_ours(
+        tmp_path: Path) -> None:
+    from tests.diffusion_support import run_config
+
+    config = run_config(tmp_path / "out", Path("tiny-random-sd3"),
+                        lora={"r": 8, "lora_alpha": 16, "init_lora_weights": "gaussian"})
+    config["algorithm"]["flow_grpo"].update(
+        timestep_fraction=0.5, num_steps=10, same_latent=True, mini_batch=2, data_beta=0.1,
+        guidance=4.5, beta=0.004)
+    result = _cli()("config", "validate", "--config",
+                    _write_config(tmp_path / "run.toml", config))
+    assert result.exit_code == 2, result.output
+    lines = {line.split(": unknown key; ")[0].strip(" -"): line.split(": unknown key; ")[1]
+             for line in result.output.splitlines() if ": unknown key; " in line}
+    expected = {
+        "model.lora.r": "write rank", "model.lora.lora_alpha": "write alpha",
+        "model.lora.init_lora_weights": "write init",
+        "algorithm.flow_grpo.timestep_fraction": "write train_fraction",
+        "algorithm.flow_grpo.num_steps": "write sample_steps",
+        "algorithm.flow_grpo.same_latent": "write shared_noise",
+        "algorithm.flow_grpo.mini_batch": "write mini_batches",  # not GRPO's key
+        "algorithm.flow_grpo.data_beta": "algorithm.name = 'ddrl'",
+        "algorithm.flow_grpo.guidance": "write guidance_scale",
+        "algorithm.flow_grpo.beta": "write kl_beta",
+    }
+    assert set(lines) == set(expected), result.output
+    for path, hint in expected.items():
+        assert hint in lines[path], (path, lines[path])

@@ -7,7 +7,7 @@ FlowGRPO paper's code: clip range 1e-4, advantages clipped to +-5, noise level 0
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -21,6 +21,37 @@ class FlowGRPOConfig(BaseModel):
     """``[algorithm.flow_grpo]``: sampling, which steps train, the clipped objective."""
 
     model_config = ConfigDict(extra="forbid")
+
+    foreign_keys: ClassVar[dict[str, str]] = {
+        "timestep_fraction": "train_fraction (the earliest fraction of sample_steps trains; "
+                             "train_step_choice = 'random' for a random subset) or "
+                             "train_steps = [step indices]",
+        "train_timestep_fraction": "train_fraction",
+        "num_steps": "sample_steps (denoising steps of a rollout)",
+        "sample_num_steps": "sample_steps",
+        "num_inference_steps": "sample_steps (eval_steps for evaluation)",
+        "eval_num_steps": "eval_steps",
+        "guidance": "guidance_scale (1 = off)",
+        "cfg": "guidance_scale (1 = off)",
+        "beta": "kl_beta",
+        "advantage_high": "adv_clip_max (advantages are clipped to +-adv_clip_max)",
+        "advantage_low": "adv_clip_max (advantages are clipped to +-adv_clip_max)",
+        "same_latent": "shared_noise",
+        "num_image_per_prompt": "rollout.n (in [rollout])",
+        "n_generation": "rollout.n (in [rollout])",
+        "num_frames": "frames", "num_video_frames": "frames",
+        "inference_size": "height and width", "resolution": "height and width",
+        "video_size": "height and width",
+        "max_prompt_length": "max_text_tokens",
+        "mini_batch": "mini_batches (optimizer steps per pass over a rollout batch)",
+        "num_inner_epochs": "ppo_epochs",
+        "min_num_conditional_frames": "conditional_frames",
+        "num_conditional_frames": "conditional_frames",
+        "data_beta": "algorithm.name = 'ddrl' and put it in [algorithm.ddrl] (flow_grpo has "
+                     "no data term)",
+        "exp_reward": "algorithm.name = 'ddrl' and put it in [algorithm.ddrl]",
+    }
+    """Keys of cosmos-rl's diffusion configs and flow_grpo's scripts, and what to write."""
 
     prompts_per_step: int = Field(
         default=4, gt=0, description="Prompts per step, over all ranks (each gets rollout.n "

@@ -1,5 +1,8 @@
 """Key names users bring from cosmos-rl configs, and reasonctl's key for each.
 
+A config model may add hints for its own section with a class attribute ``foreign_keys``
+(``ClassVar[dict[str, str]]``, key -> what to write instead); they win over these.
+
 An unknown key that is one of these gets a hint naming what to write instead; an unknown
 table (``[train.ckpt]``, ``[policy]`` ...) also lists the hints of the keys inside it, so
 one validation run shows how to translate the whole section.
@@ -58,9 +61,16 @@ COSMOS_RL_KEYS: dict[str, str] = {
 """cosmos-rl key (its last segment) -> where the setting lives in reasonctl."""
 
 
-def foreign_key_hint(key: str, value: Any = None) -> str | None:
+def foreign_key_hint(key: str, value: Any = None,
+                     section_keys: Mapping[str, str] | None = None) -> str | None:
     """The hint for an unknown ``key`` that cosmos-rl users write (``value`` is what the
-    config gave it: for a table, its keys get hints too); ``None`` for other keys."""
+    config gave it: for a table, its keys get hints too); ``None`` for other keys.
+
+    ``section_keys`` are the hints of the section the key is in (a config model's
+    ``foreign_keys``: ``{"their key": "what to write here instead"}``); they win over the
+    general ones, since a key's meaning can depend on the section."""
+    if section_keys and key in section_keys:
+        return f"for {key!r} write {section_keys[key]}"
     target = COSMOS_RL_KEYS.get(key)
     inner = list(_nested_hints(value, ""))
     if target is None and not inner:
