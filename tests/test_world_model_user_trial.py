@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from tests.diffusion_support import tiny_pipelines  # noqa: F401
@@ -114,3 +115,48 @@ def test_keys_from_cosmos_rl_and_flow_grpo_configs_are_answered_with_ours(
     assert set(lines) == set(expected), result.output
     for path, hint in expected.items():
         assert hint in lines[path], (path, lines[path])
+
+
+def test_the_remote_reward_checks_token_rewards_and_media_with_the_service_when_built(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    import time
+
+    import reasonctl
+    from reasonctl.core.errors import RewardError, UsageError
+    from reasonctl.core.types import ContentPart, Message, Sample
+    from reasonctl.rewards.remote import RemoteConfig, remote_reward
+    from tests.service_support import TOKEN, InProcessService, service_config
+
+    def remote(**options: Any) -> Any:
+        return remote_reward(RemoteConfig(url=url, **options))
+
+    monkeypatch.setenv("REASONCTL_REWARD_TOKEN", TOKEN)
+    samples = [Sample([Message("user", [ContentPart("text", text="a red square")])])]
+    white = [np.full((1, 4, 4, 3), 255, np.uint8)]  # an image model's sample, as a clip
+    registry = reasonctl.plugin_host().registry
+    with InProcessService(service_config([{"name": "brightness"}]), registry) as service:
+        url = service.url
+        with pytest.raises(UsageError, match='scores video there, and this reward sends '
+                                             'image; set media_type = "video"'):
+            remote(rewards={"brightness": 1.0}, media_type="image")
+        with pytest.raises(UsageError, match="'brightnes' is not served there \\(did you "
+                                             "mean 'brightness'\\?\\)"):
+            remote(rewards={"brightnes": 1.0}, media_type="video")
+        reward = remote(rewards={"brightness": 1.0}, media_type="video", on_error="zero")
+        assert reward(white, samples) == [1.0]
+        # a refused request is not a failed one: on_error = "zero" does not hide it
+        reward.client._client.headers["Authorization"] = "Bearer another-token-0123456789"
+        with pytest.raises(RewardError, match="refused the token in REASONCTL_REWARD_TOKEN"):
+            reward(white, samples)
+        monkeypatch.setenv("REASONCTL_REWARD_TOKEN", "another-token-0123456789")
+        with pytest.raises(UsageError, match="refused the token in REASONCTL_REWARD_TOKEN "
+                                             "\\(HTTP 401\\); export there a token"):
+            remote(rewards={"brightness": 1.0}, media_type="video")
+    # the service is down: built with a warning, each batch fails within the timeout
+    reward = remote(rewards={"brightness": 1.0}, media_type="video", timeout=2)
+    start = time.monotonic()
+    with pytest.raises(RewardError, match="did not accept the request before the deadline"):
+        reward(white, samples)
+    assert time.monotonic() - start < 10
