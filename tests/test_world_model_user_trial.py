@@ -160,3 +160,26 @@ def test_the_remote_reward_checks_token_rewards_and_media_with_the_service_when_
     with pytest.raises(RewardError, match="did not accept the request before the deadline"):
         reward(white, samples)
     assert time.monotonic() - start < 10
+
+
+def test_data_check_reads_a_video_text_set_and_names_clips_too_short_for_ddrl(
+        tmp_path: Path) -> None:
+    from tests.diffusion_support import run_config, write_clip, write_video_text
+
+    root = write_video_text(tmp_path / "clips", {"short1": "a cat", "short2": "a dog"},
+                            frames=5)
+    write_clip(root / "videos" / "long.mp4", 200, frames=9)
+    (root / "metas" / "long.txt").write_text("a white room\n")
+    config = run_config(tmp_path / "out", Path("tiny-random-wan"), algorithm="ddrl", frames=9)
+    config["data"] = {"format": "video_text", "video_text": {"root": str(root)}}
+    ddrl = _write_config(tmp_path / "ddrl.toml", config)
+    result = _cli()("data", "check", "--config", ddrl)
+    assert result.exit_code == 1, result.output
+    assert "rows: 3 read, 1 usable, 2 bad" in result.output
+    assert "short1.mp4: has 5 frame(s), algorithm.ddrl.frames = 9 are read" in result.output
+    # FlowGRPO reads no clip (text-to-video): the same files are all usable
+    config["algorithm"] = {"name": "flow_grpo", "flow_grpo": config["algorithm"]["ddrl"]}
+    flow = _write_config(tmp_path / "flow.toml", config)
+    result = _cli()("data", "check", "--config", flow)
+    assert result.exit_code == 0, result.output
+    assert "rows: 3 read, 3 usable, 0 bad" in result.output

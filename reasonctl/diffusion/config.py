@@ -149,6 +149,12 @@ class FlowGRPOConfig(BaseModel):
                             f"({world_size})")
         return problems
 
+    def media_frames(self) -> int | None:
+        """Frames each sample's own video must have (conditioning frames), or ``None``
+        when the samples' media are not used; a data format reads it to find short clips
+        up front, as bad rows."""
+        return self.frames if self.conditional_frames else None
+
     def trained_step_count(self) -> int:
         """How many denoising steps of each trajectory train."""
         if self.train_steps is not None:
@@ -195,3 +201,7 @@ class DDRLConfig(FlowGRPOConfig):
         "with the sample's initial noise; fresh: a new uniform sigma and noise.")
     exp_reward: bool = Field(default=False, description="Advantage transform A -> -exp(-A) "
                              "(before clipping).")
+
+    def media_frames(self) -> int | None:
+        """The data term reads each sample's clip (with ``data_beta > 0``)."""
+        return self.frames if self.data_beta > 0 or self.conditional_frames else None
