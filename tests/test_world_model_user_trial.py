@@ -183,3 +183,30 @@ def test_data_check_reads_a_video_text_set_and_names_clips_too_short_for_ddrl(
     result = _cli()("data", "check", "--config", flow)
     assert result.exit_code == 0, result.output
     assert "rows: 3 read, 3 usable, 0 bad" in result.output
+
+
+def test_embeddings_the_model_cannot_take_are_found_before_the_first_step(
+        tmp_path: Path, tiny_pipelines: dict[str, Path]) -> None:  # noqa: F811
+    from safetensors.torch import save_file
+
+    import reasonctl
+    from reasonctl.core.errors import DataError
+    from tests.diffusion_support import run_config, write_video_text
+
+    root = write_video_text(tmp_path / "clips", {"a": "a cat", "b": "a dog", "c": "a room"})
+    (root / "text_embeddings").mkdir()
+    save_file({"prompt_embeds": torch.zeros(6, 32)}, root / "text_embeddings" / "a.safetensors")
+    save_file({"prompt_embeds": torch.zeros(512, 1024)},
+              root / "text_embeddings" / "b.safetensors")  # another encoder's (T5-XXL-like)
+    config = run_config(tmp_path / "out", tiny_pipelines["wan"], frames=5, steps=1)
+    config["data"] = {"format": "video_text", "video_text": {"root": str(root)}}
+    with pytest.raises(DataError, match=r"b\.safetensors: prompt_embeds has shape \[512, "
+                                        r"1024\], but WanTransformer3DModel takes") as error:
+        reasonctl.run(config)
+    assert "a.safetensors" not in str(error.value)
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()  # no step ran
+    config["data"]["on_bad_row"] = "skip"
+    result = reasonctl.run(config)
+    assert result.status == "completed" and result.skipped_rows == 1
+    skipped = (tmp_path / "out" / "skipped_rows.jsonl").read_text()
+    assert "b.safetensors" in skipped and "a.safetensors" not in skipped
