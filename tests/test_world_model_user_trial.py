@@ -115,6 +115,18 @@ def test_keys_from_cosmos_rl_and_flow_grpo_configs_are_answered_with_ours(
     assert set(lines) == set(expected), result.output
     for path, hint in expected.items():
         assert hint in lines[path], (path, lines[path])
+    # a cosmos-rl diffusion config pasted whole: its tables list reasonctl's keys
+    pasted = {"policy": {"model_name_or_path": "sd3", "lora": {"lora_alpha": 64},
+                         "diffusers": {"timestep_fraction": 0.99,
+                                       "sample": {"eval_num_steps": 40}}}}
+    result = _cli()("config", "validate", "--config",
+                    _write_config(tmp_path / "pasted.toml", pasted))
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    for hint in ("diffusers.timestep_fraction -> algorithm.flow_grpo.train_fraction",
+                 "diffusers.sample.eval_num_steps -> algorithm.flow_grpo.eval_steps",
+                 "lora.lora_alpha -> model.lora.alpha"):
+        assert hint in text, text
 
 
 def test_the_remote_reward_checks_token_rewards_and_media_with_the_service_when_built(

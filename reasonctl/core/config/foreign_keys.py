@@ -56,7 +56,21 @@ COSMOS_RL_KEYS: dict[str, str] = {
     # RL
     "n_generation": "rollout.n",
     "max_response_length": "rollout.max_new_tokens",
-    "mini_batch": "algorithm.grpo.mini_batches",
+    "mini_batch": "algorithm.grpo.mini_batches (algorithm.flow_grpo.mini_batches for a "
+                  "diffusion model)",
+    # diffusion models ([policy.diffusers] ...)
+    "diffusers": "[algorithm.flow_grpo] or [algorithm.ddrl] (algorithm.name), with "
+                 "model.name_or_path a diffusers pipeline directory",
+    "is_diffusers": "model.name_or_path naming a diffusers pipeline directory (its "
+                    "model_index.json says so)",
+    "timestep_fraction": "algorithm.flow_grpo.train_fraction (or train_steps)",
+    "eval_num_steps": "algorithm.flow_grpo.eval_steps",
+    "inference_size": "algorithm.flow_grpo.height and width",
+    "max_prompt_length": "algorithm.flow_grpo.max_text_tokens",
+    "advantage_high": "algorithm.flow_grpo.adv_clip_max",
+    "advantage_low": "algorithm.flow_grpo.adv_clip_max",
+    "lora": "[model.lora]",
+    "lora_alpha": "model.lora.alpha",
 }
 """cosmos-rl key (its last segment) -> where the setting lives in reasonctl."""
 
