@@ -222,3 +222,14 @@ def test_embeddings_the_model_cannot_take_are_found_before_the_first_step(
     assert result.status == "completed" and result.skipped_rows == 1
     skipped = (tmp_path / "out" / "skipped_rows.jsonl").read_text()
     assert "b.safetensors" in skipped and "a.safetensors" not in skipped
+
+
+def test_the_remote_reward_takes_a_list_of_reward_names() -> None:
+    from pydantic import ValidationError
+
+    from reasonctl.rewards.remote import RemoteConfig
+
+    config = RemoteConfig(url="http://127.0.0.1:1", rewards=["brightness", "color"])
+    assert config.rewards == {"brightness": 1.0, "color": 1.0}
+    with pytest.raises(ValidationError):
+        RemoteConfig(url="http://127.0.0.1:1", rewards=[1, 2])

@@ -54,7 +54,8 @@ class RemoteConfig(RewardConfig):
     token_env: str = Field(default="REASONCTL_REWARD_TOKEN",
                            description="Environment variable holding the bearer token.")
     rewards: dict[str, float] = Field(
-        min_length=1, description="Rewards of the service to score with, and their weights.")
+        min_length=1, description="Rewards of the service to score with, and their weights "
+        "({name = weight}; a list of names weighs each 1).")
     timeout: float = Field(default=600.0, gt=0,
                            description="Seconds from submitting a batch to having its scores.")
     on_error: Literal["raise", "zero", "skip"] = Field(
@@ -65,6 +66,14 @@ class RemoteConfig(RewardConfig):
     media_type: Literal["text", "image", "video", "latent"] = "text"
     chunk_size: int = Field(default=256, gt=0,
                             description="Completions per request (a batch is split).")
+
+    @field_validator("rewards", mode="before")
+    @classmethod
+    def _names_weigh_one(cls, value: Any) -> Any:
+        """A list of names (as the wire format takes them) weighs each 1."""
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return dict.fromkeys(value, 1.0)
+        return value
 
     @field_validator("url")
     @classmethod
