@@ -233,3 +233,18 @@ def test_the_remote_reward_takes_a_list_of_reward_names() -> None:
     assert config.rewards == {"brightness": 1.0, "color": 1.0}
     with pytest.raises(ValidationError):
         RemoteConfig(url="http://127.0.0.1:1", rewards=[1, 2])
+
+
+def test_train_steps_out_of_range_are_named_at_their_key_with_the_fix(tmp_path: Path) -> None:
+    from tests.diffusion_support import run_config
+
+    config = run_config(tmp_path / "out", Path("tiny-random-sd3"), train_steps=[0, 9],
+                        train_fraction=1.0, prompts_per_step=2, mini_batches=4)
+    result = _cli()("config", "validate", "--config",
+                    _write_config(tmp_path / "run.toml", config))
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert ("algorithm.flow_grpo.train_steps: [9] outside 0..3 (sample_steps = 4; indices "
+            "count from 0): drop them or raise sample_steps (got [0, 9])") in text
+    assert "algorithm.flow_grpo.mini_batches: 4 cannot exceed prompts_per_step (2)" in text
+    assert "Value error" not in text and "{" not in text  # no dump of the whole section

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from reasonctl.core.protocols import Needs
 
@@ -104,26 +105,38 @@ class FlowGRPOConfig(BaseModel):
                                     "in-loop evaluation ([eval] every_steps).")
     eval_seed: int = Field(default=0, ge=0, description="Seed of the evaluation noise.")
 
-    @model_validator(mode="after")
-    def _check(self) -> FlowGRPOConfig:
-        problems = []
-        if self.train_steps is not None:
-            if not self.train_steps:
-                problems.append("train_steps: empty; list step indices or leave it unset")
-            bad = [s for s in self.train_steps if not 0 <= s < self.sample_steps]
-            if bad:
-                problems.append(f"train_steps: {bad} outside 0..{self.sample_steps - 1} "
-                                f"(sample_steps = {self.sample_steps})")
-            if len(set(self.train_steps)) != len(self.train_steps):
-                problems.append("train_steps: repeated step indices")
-            if self.train_fraction != 1.0:
-                problems.append("train_fraction: set either train_steps or train_fraction")
-        if self.mini_batches > self.prompts_per_step:
-            problems.append(f"mini_batches ({self.mini_batches}) cannot exceed "
-                            f"prompts_per_step ({self.prompts_per_step})")
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
+    @field_validator("train_steps")
+    @classmethod
+    def _steps_in_range(cls, steps: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if steps is None:
+            return steps
+        if not steps:
+            raise _problem("empty; list 0-based step indices, or leave it unset to train on "
+                           "train_fraction of the steps")
+        total = info.data.get("sample_steps")
+        bad = [s for s in steps if total is not None and not 0 <= s < total]
+        if bad:
+            raise _problem(f"{bad} outside 0..{total - 1} (sample_steps = {total}; indices "
+                           "count from 0): drop them or raise sample_steps")
+        if len(set(steps)) != len(steps):
+            raise _problem("repeated step indices; list each step once")
+        return steps
+
+    @field_validator("train_fraction")
+    @classmethod
+    def _fraction_or_steps(cls, fraction: float, info: ValidationInfo) -> float:
+        if fraction != 1.0 and info.data.get("train_steps") is not None:
+            raise _problem("set either train_steps or train_fraction, not both")
+        return fraction
+
+    @field_validator("mini_batches")
+    @classmethod
+    def _batches_fit(cls, batches: int, info: ValidationInfo) -> int:
+        prompts = info.data.get("prompts_per_step")
+        if prompts is not None and batches > prompts:
+            raise _problem(f"{batches} cannot exceed prompts_per_step ({prompts}): each "
+                           "optimizer step needs at least one prompt's group")
+        return batches
 
     def needs(self) -> Needs:
         """Prompts and rewards; no chat processor; a reference with a KL term."""
@@ -160,6 +173,11 @@ class FlowGRPOConfig(BaseModel):
         if self.train_steps is not None:
             return len(self.train_steps)
         return max(1, round(self.sample_steps * self.train_fraction))
+
+
+def _problem(text: str) -> PydanticCustomError:
+    """A problem reported at the field, as ``path: text (got value)``."""
+    return PydanticCustomError("flow_grpo_option", "{text}", {"text": text})
 
 
 def _model_class_problems(name_or_path: str) -> list[str]:
