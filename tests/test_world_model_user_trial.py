@@ -248,3 +248,12 @@ def test_train_steps_out_of_range_are_named_at_their_key_with_the_fix(tmp_path: 
             "count from 0): drop them or raise sample_steps (got [0, 9])") in text
     assert "algorithm.flow_grpo.mini_batches: 4 cannot exceed prompts_per_step (2)" in text
     assert "Value error" not in text and "{" not in text  # no dump of the whole section
+
+
+def test_an_sd3_resolution_beyond_its_position_embeddings_is_a_usage_error(
+        tiny_pipelines: dict[str, Path]) -> None:  # noqa: F811
+    result = _cli()("infer", "--model", tiny_pipelines["sd3"], "--prompt", "x",
+                    "--height", 1024, "--width", 32, "--steps", 1)
+    assert result.exit_code == 2, result.output
+    assert ("--height: 1024 is more than this SD3Transformer2DModel takes (512: "
+            "pos_embed_max_size 32") in " ".join(result.output.split())
