@@ -20,9 +20,10 @@ import numpy as np
 import pytest
 
 import reasonctl
-from reasonctl.core.errors import ConfigError, RewardError
+from reasonctl.core.errors import ConfigError, RewardError, UsageError
 from reasonctl.core.reward_set import RewardSet, RewardTerm
 from reasonctl.core.types import ContentPart, Message, Sample
+from reasonctl.reward_service.wire import WireError, encode_request
 from tests import service_rewards
 from tests.service_support import AUTH, TOKEN, InProcessService, service_config
 
@@ -286,10 +287,13 @@ def test_media_rewards_score_images_and_latents_through_the_remote_reward(
         latents = [np.full((2, 3, 4), -0.5, dtype=np.float16), np.ones((2, 3, 4), np.float16)]
         reward = remote(service.url, rewards={"latent_norm": 1.0}, media_type="latent")
         assert reward(latents, [sample()] * 2) == pytest.approx([0.5, 1.0])
-        video = remote(service.url, rewards={"mean_brightness": 1.0}, media_type="video",
-                       on_error="raise")
-        with pytest.raises(RewardError, match=r"videos are uint8 \[T, H, W, 3\]"):
-            video([np.zeros((4, 6, 3), np.uint8)], [sample()])
+        # a reward of another medium is refused when the remote reward is built
+        with pytest.raises(UsageError, match="'mean_brightness' scores image there, and this "
+                                             "reward sends video"):
+            remote(service.url, rewards={"mean_brightness": 1.0}, media_type="video")
+        with pytest.raises(WireError, match=r"videos are uint8 \[T, H, W, 3\]"):
+            encode_request({"mean_brightness": 1.0}, [np.zeros((4, 6, 3), np.uint8)],
+                           [sample()], media_type="video")
         image_header = json.dumps({"rewards": ["mean_brightness"], "media_type": "image",
                                    "prompts": ["a"]}).encode() + b"\n"
         ok = httpx.post(service.url + ENQUEUE, headers=AUTH,

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from reasonctl.core.types import Sample
 
 PERCENTILES = (50, 90, 99)
+_ENCODINGS = {"sft": "samples encoded as for SFT (whole conversations)",
+              "prompt": "samples encoded as for RL (prompts)",
+              "none": "prompts for a diffusion model's own text encoder (or precomputed "
+                      "embeddings), not tokenized here"}
 
 
 @dataclass
@@ -62,8 +66,7 @@ class DataReport:
     def lines(self) -> list[str]:
         """The report as text lines."""
         out = [
-            f"data.format = {self.format!r}; samples encoded as for "
-            f"{'SFT (whole conversations)' if self.encoding == 'sft' else 'RL (prompts)'}",
+            f"data.format = {self.format!r}; " + _ENCODINGS[self.encoding],
             f"rows: {self.rows} read, {self.samples} usable, {len(self.bad)} bad",
             f"media read: {self.videos} video(s), {self.images} image(s)",
         ]
@@ -71,7 +74,8 @@ class DataReport:
         if stats:
             shown = ", ".join(f"{k} {v}" for k, v in stats.items())
             out.append(f"tokens per sample: {shown} (model.max_length = {self.max_length})")
-        out.append(f"truncated to model.max_length: {self.truncated} sample(s)")
+        if self.encoding != "none":
+            out.append(f"truncated to model.max_length: {self.truncated} sample(s)")
         out += self.notes
         if self.bad:
             out.append("bad rows:")
@@ -91,8 +95,11 @@ def check_data(config: RunConfig, registry: Registry, *, workers: int | None = N
         "data": config.data.model_copy(update={"on_bad_row": "skip"})})
     ctx = RunContext(config=skip, registry=registry, hooks=LifecycleHooks(None),
                      output_dir=Path(config.run.output_dir))
-    ctx.processor = processor = build_processor(ctx)
-    encoding = "sft" if config.algorithm.name == "sft" else "prompt"
+    section = config.component_config("algorithm", config.algorithm.name)
+    needs = getattr(section, "needs", None)
+    tokenized = needs is None or needs().processor  # diffusion: the model's own text encoder
+    ctx.processor = processor = build_processor(ctx) if tokenized else None
+    encoding = "sft" if config.algorithm.name == "sft" else "prompt" if tokenized else "none"
     report = DataReport(format=config.data.format, max_length=config.model.max_length,
                         encoding=encoding)
     ctx.info = report.notes.append  # type: ignore[method-assign]
@@ -103,6 +110,8 @@ def check_data(config: RunConfig, registry: Registry, *, workers: int | None = N
 
     def encode(sample: Sample) -> tuple[Sample, Any]:
         try:
+            if processor is None:
+                return sample, None
             if encoding == "sft":
                 return sample, processor.encode_sft(sample)
             return sample, processor.encode_prompt(sample)
@@ -123,6 +132,8 @@ def check_data(config: RunConfig, registry: Registry, *, workers: int | None = N
                 report.bad.append(split_problem(result, sample.source))
                 continue
             report.samples += 1
+            if result is None:
+                continue
             report.lengths.append(len(result.input_ids))
             report.truncated += bool(result.truncated)
     report.bad.sort(key=_row_order)

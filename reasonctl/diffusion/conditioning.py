@@ -186,3 +186,57 @@ def load_frames(samples: Sequence[Sample], *, frames: int, height: int, width: i
         except ValueError as exc:
             raise DataError(f"{path}: {exc}") from None
     return torch.from_numpy(np.stack(clips))
+
+
+def drop_unfit_embeddings(ctx: Any, dataset: Any, adapter: ModelAdapter) -> Any:
+    """``dataset`` without the samples whose precomputed embeddings the model cannot take,
+    checked up front from the safetensors headers (not at the step that would draw them):
+    an error naming every such file, or, under ``data.on_bad_row = "skip"``, those samples
+    left out and counted."""
+    from reasonctl.data.datasets import ListDataset
+
+    if not hasattr(dataset, "__len__"):
+        return dataset  # streamed: each file is checked when it is loaded
+    samples = [dataset[i] for i in range(len(dataset))]
+    bad: dict[int, tuple[str, str]] = {}
+    for index, sample in enumerate(samples):
+        path = embedding_path(sample)
+        if path is not None and not path.lower().endswith(PICKLE_SUFFIXES):
+            problem = _header_problem(Path(path), adapter)
+            if problem is not None:
+                bad[index] = (path, problem)
+    if not bad:
+        return dataset
+    if ctx.config.data.on_bad_row != "skip":
+        listing = "\n  ".join(f"{path}: {problem}" for path, problem in bad.values())
+        raise DataError(f"{len(bad)} text embedding file(s) do not fit "
+                        f"{adapter.transformer_class}; recompute them with this model's text "
+                        "encoder, or delete them to encode the captions (data.on_bad_row = "
+                        f"\"skip\" leaves their samples out):\n  {listing}")
+    for path, problem in bad.values():
+        ctx.record_skipped_row(path, problem)
+    return ListDataset([s for i, s in enumerate(samples) if i not in bad])
+
+
+def _header_problem(path: Path, adapter: ModelAdapter) -> str | None:
+    from safetensors import SafetensorError, safe_open
+
+    width, pooled_width = adapter.text_dims()
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            keys = set(handle.keys())
+            shape = list(handle.get_slice(EMBEDDING_KEY).get_shape()) \
+                if EMBEDDING_KEY in keys else None
+            pooled = list(handle.get_slice(POOLED_KEY).get_shape()) if POOLED_KEY in keys \
+                else None
+    except (SafetensorError, OSError) as exc:
+        return f"not a readable safetensors file ({exc})"
+    if shape is None:
+        return f"no {EMBEDDING_KEY!r} tensor"
+    if shape[-1] != width:
+        return (f"{EMBEDDING_KEY} has shape {shape}, but {adapter.transformer_class} takes "
+                f"[tokens, {width}]")
+    if pooled_width is not None and (pooled is None or int(np.prod(pooled)) != pooled_width):
+        got = "none" if pooled is None else f"shape {pooled}"
+        return f"{POOLED_KEY} ({got}) must hold {pooled_width} values"
+    return None

@@ -7,9 +7,10 @@ FlowGRPO paper's code: clip range 1e-4, advantages clipped to +-5, noise level 0
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from reasonctl.core.protocols import Needs
 
@@ -21,6 +22,37 @@ class FlowGRPOConfig(BaseModel):
     """``[algorithm.flow_grpo]``: sampling, which steps train, the clipped objective."""
 
     model_config = ConfigDict(extra="forbid")
+
+    foreign_keys: ClassVar[dict[str, str]] = {
+        "timestep_fraction": "train_fraction (the earliest fraction of sample_steps trains; "
+                             "train_step_choice = 'random' for a random subset) or "
+                             "train_steps = [step indices]",
+        "train_timestep_fraction": "train_fraction",
+        "num_steps": "sample_steps (denoising steps of a rollout)",
+        "sample_num_steps": "sample_steps",
+        "num_inference_steps": "sample_steps (eval_steps for evaluation)",
+        "eval_num_steps": "eval_steps",
+        "guidance": "guidance_scale (1 = off)",
+        "cfg": "guidance_scale (1 = off)",
+        "beta": "kl_beta",
+        "advantage_high": "adv_clip_max (advantages are clipped to +-adv_clip_max)",
+        "advantage_low": "adv_clip_max (advantages are clipped to +-adv_clip_max)",
+        "same_latent": "shared_noise",
+        "num_image_per_prompt": "rollout.n (in [rollout])",
+        "n_generation": "rollout.n (in [rollout])",
+        "num_frames": "frames", "num_video_frames": "frames",
+        "inference_size": "height and width", "resolution": "height and width",
+        "video_size": "height and width",
+        "max_prompt_length": "max_text_tokens",
+        "mini_batch": "mini_batches (optimizer steps per pass over a rollout batch)",
+        "num_inner_epochs": "ppo_epochs",
+        "min_num_conditional_frames": "conditional_frames",
+        "num_conditional_frames": "conditional_frames",
+        "data_beta": "algorithm.name = 'ddrl' and put it in [algorithm.ddrl] (flow_grpo has "
+                     "no data term)",
+        "exp_reward": "algorithm.name = 'ddrl' and put it in [algorithm.ddrl]",
+    }
+    """Keys of cosmos-rl's diffusion configs and flow_grpo's scripts, and what to write."""
 
     prompts_per_step: int = Field(
         default=4, gt=0, description="Prompts per step, over all ranks (each gets rollout.n "
@@ -73,26 +105,38 @@ class FlowGRPOConfig(BaseModel):
                                     "in-loop evaluation ([eval] every_steps).")
     eval_seed: int = Field(default=0, ge=0, description="Seed of the evaluation noise.")
 
-    @model_validator(mode="after")
-    def _check(self) -> FlowGRPOConfig:
-        problems = []
-        if self.train_steps is not None:
-            if not self.train_steps:
-                problems.append("train_steps: empty; list step indices or leave it unset")
-            bad = [s for s in self.train_steps if not 0 <= s < self.sample_steps]
-            if bad:
-                problems.append(f"train_steps: {bad} outside 0..{self.sample_steps - 1} "
-                                f"(sample_steps = {self.sample_steps})")
-            if len(set(self.train_steps)) != len(self.train_steps):
-                problems.append("train_steps: repeated step indices")
-            if self.train_fraction != 1.0:
-                problems.append("train_fraction: set either train_steps or train_fraction")
-        if self.mini_batches > self.prompts_per_step:
-            problems.append(f"mini_batches ({self.mini_batches}) cannot exceed "
-                            f"prompts_per_step ({self.prompts_per_step})")
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
+    @field_validator("train_steps")
+    @classmethod
+    def _steps_in_range(cls, steps: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if steps is None:
+            return steps
+        if not steps:
+            raise _problem("empty; list 0-based step indices, or leave it unset to train on "
+                           "train_fraction of the steps")
+        total = info.data.get("sample_steps")
+        bad = [s for s in steps if total is not None and not 0 <= s < total]
+        if bad:
+            raise _problem(f"{bad} outside 0..{total - 1} (sample_steps = {total}; indices "
+                           "count from 0): drop them or raise sample_steps")
+        if len(set(steps)) != len(steps):
+            raise _problem("repeated step indices; list each step once")
+        return steps
+
+    @field_validator("train_fraction")
+    @classmethod
+    def _fraction_or_steps(cls, fraction: float, info: ValidationInfo) -> float:
+        if fraction != 1.0 and info.data.get("train_steps") is not None:
+            raise _problem("set either train_steps or train_fraction, not both")
+        return fraction
+
+    @field_validator("mini_batches")
+    @classmethod
+    def _batches_fit(cls, batches: int, info: ValidationInfo) -> int:
+        prompts = info.data.get("prompts_per_step")
+        if prompts is not None and batches > prompts:
+            raise _problem(f"{batches} cannot exceed prompts_per_step ({prompts}): each "
+                           "optimizer step needs at least one prompt's group")
+        return batches
 
     def needs(self) -> Needs:
         """Prompts and rewards; no chat processor; a reference with a KL term."""
@@ -108,6 +152,7 @@ class FlowGRPOConfig(BaseModel):
         name = config.algorithm.name
         if config.model.lora is not None:
             problems += lora_section_problems(config.model.lora)
+        problems += _model_class_problems(config.model.name_or_path)
         if config.rollout.n < 2:
             problems.append(f"rollout.n: {name} compares samples within a group, so it needs "
                             f"at least 2 per prompt (got {config.rollout.n})")
@@ -117,11 +162,51 @@ class FlowGRPOConfig(BaseModel):
                             f"({world_size})")
         return problems
 
+    def media_frames(self) -> int | None:
+        """Frames each sample's own video must have (conditioning frames), or ``None``
+        when the samples' media are not used; a data format reads it to find short clips
+        up front, as bad rows."""
+        return self.frames if self.conditional_frames else None
+
     def trained_step_count(self) -> int:
         """How many denoising steps of each trajectory train."""
         if self.train_steps is not None:
             return len(self.train_steps)
         return max(1, round(self.sample_steps * self.train_fraction))
+
+
+def _problem(text: str) -> PydanticCustomError:
+    """A problem reported at the field, as ``path: text (got value)``."""
+    return PydanticCustomError("flow_grpo_option", "{text}", {"text": text})
+
+
+def _model_class_problems(name_or_path: str) -> list[str]:
+    """A local pipeline directory whose transformer no adapter handles is a config problem,
+    found before its weights load (remote and tiny models are checked when loaded)."""
+    from pathlib import Path
+
+    from reasonctl.diffusion.pipeline_dir import (
+        PipelineDirError,
+        is_pipeline_dir,
+        transformer_class_name,
+    )
+
+    path = Path(name_or_path).expanduser()
+    if not is_pipeline_dir(path):
+        return []
+    try:
+        name = transformer_class_name(path)
+    except PipelineDirError as exc:
+        return [f"model.name_or_path: {exc}"]
+    from reasonctl.diffusion.adapters import supported_classes
+
+    supported = supported_classes()
+    if name in supported:
+        return []
+    return [f"model.name_or_path: {path} is a pipeline with a {name} transformer, which no "
+            f"model adapter handles (supported: {', '.join(supported)}); use such a "
+            "pipeline, or register an adapter for it (README, World-model RL: Another "
+            "architecture)"]
 
 
 class DDRLConfig(FlowGRPOConfig):
@@ -134,3 +219,7 @@ class DDRLConfig(FlowGRPOConfig):
         "with the sample's initial noise; fresh: a new uniform sigma and noise.")
     exp_reward: bool = Field(default=False, description="Advantage transform A -> -exp(-A) "
                              "(before clipping).")
+
+    def media_frames(self) -> int | None:
+        """The data term reads each sample's clip (with ``data_beta > 0``)."""
+        return self.frames if self.data_beta > 0 or self.conditional_frames else None

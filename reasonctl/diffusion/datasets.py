@@ -9,8 +9,9 @@
 
 A ``<stem>.pickle`` embedding (cosmos-rl's ``t5_xxl/*.pickle``; set ``embeddings_dir``)
 is used only with ``allow_pickle = true``, because unpickling a file runs code. A video
-without a caption, a video that cannot be decoded (``check_videos``), an empty caption or
-an embedding file without ``prompt_embeds [L, D]`` is a bad row: the run stops with
+without a caption, a video that cannot be decoded (``check_videos``), a video shorter than
+the frames the algorithm reads from it (DDRL's data term, conditioning frames), an empty
+caption or an embedding file without ``prompt_embeds [L, D]`` is a bad row: the run stops with
 ``file: reason``, or skips and counts it under ``data.on_bad_row = "skip"``.
 
 ``mock_media`` makes prompts out of thin air for smoke runs (and, with ``media = true``,
@@ -75,13 +76,25 @@ def build_video_text_dataset(config: VideoTextConfig | None, *,
         raise DataError(f"{videos_dir}: no '*{config.video_suffix}' files (video_suffix)")
     embeddings_dir = root / config.embeddings_dir
     rows = (Row(str(video), video, video) for video in videos)
+    needed = _frames_needed(ctx)
     return build_samples(
-        rows, lambda row: _clip_sample(row.value, metas_dir, embeddings_dir, config),
+        rows, lambda row: _clip_sample(row.value, metas_dir, embeddings_dir, config, needed),
         RowOptions.from_context(ctx))
 
 
+def _frames_needed(ctx: RunContext | None) -> tuple[int, str] | None:
+    """How many frames the run's algorithm reads from each clip (its ``media_frames``),
+    and the key that sets them; ``None`` when it reads none."""
+    if ctx is None:
+        return None
+    name = ctx.config.algorithm.name
+    section = ctx.config.component_config("algorithm", name)
+    frames = getattr(section, "media_frames", lambda: None)()
+    return (int(frames), f"algorithm.{name}.frames") if frames else None
+
+
 def _clip_sample(video: Path, metas_dir: Path, embeddings_dir: Path,
-                 config: VideoTextConfig) -> Sample:
+                 config: VideoTextConfig, needed: tuple[int, str] | None = None) -> Sample:
     from reasonctl.core.types import ContentPart, Message, Sample
     from reasonctl.data.messages import RowProblem
     from reasonctl.diffusion.conditioning import TEXT_EMBEDDING
@@ -96,9 +109,12 @@ def _clip_sample(video: Path, metas_dir: Path, embeddings_dir: Path,
         raise RowProblem("the caption is empty", source=str(meta))
     if config.check_videos:
         try:
-            probe_video(video)
+            count = probe_video(video)
         except ValueError as exc:
             raise RowProblem(str(exc)) from None
+        if needed is not None and count < needed[0]:
+            raise RowProblem(f"has {count} frame(s), {needed[1]} = {needed[0]} are read from "
+                             f"each clip; use longer clips or fewer frames")
     values = {"id": stem}
     embedding = _embedding_file(embeddings_dir, stem, config)
     if embedding is not None:

@@ -105,7 +105,7 @@ class FlowGRPO:
     def setup(self, ctx: RunContext) -> None:
         """Check the run, build the sampler parts and set ``ctx.total_steps``."""
         from reasonctl.diffusion.adapters import adapter_for
-        from reasonctl.diffusion.conditioning import TextConditioner
+        from reasonctl.diffusion.conditioning import TextConditioner, drop_unfit_embeddings
         from reasonctl.diffusion.pipeline_dir import is_pipeline_dir
         from reasonctl.models.loading import compute_dtype, ensure_model_source
 
@@ -132,7 +132,7 @@ class FlowGRPO:
         media_type = reward_media(ctx.rewards, adapter.video, self.name, problems)
         if problems:
             raise ConfigError(problems)
-        dataset = _dataset(ctx)
+        dataset = ctx.dataset = drop_unfit_embeddings(ctx, _dataset(ctx), adapter)
         if len(dataset) == 0:
             raise ReasonctlError(f"the {self.name} data set is empty; check [data]")
         self.sampler = EpochSampler(len(dataset), seed=config.run.seed,

@@ -16,6 +16,9 @@ import torch
 
 from reasonctl.diffusion.pipeline_dir import is_pipeline_dir
 
+LORA_WEIGHTS = "pytorch_lora_weights.safetensors"
+"""The adapter file of a LoRA export (what the pipeline class's ``save_lora_weights`` writes)."""
+
 
 @dataclass(frozen=True)
 class InferOptions:
@@ -62,7 +65,9 @@ def generate(model_dir: Path, prompt: str, options: InferOptions) -> Path:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = load_transformer(base, dtype=dtype, device=device)
     if manifest is not None:
-        model.load_lora_adapter(str(model_dir), prefix="transformer")
+        # Name the file: without it diffusers looks for the pickled ``.bin`` layout only.
+        model.load_lora_adapter(str(model_dir), prefix="transformer",
+                                weight_name=LORA_WEIGHTS, use_safetensors=True)
     model.eval()
     text = TextConditioner(adapter, device=device, dtype=dtype,
                            max_tokens=options.max_text_tokens)

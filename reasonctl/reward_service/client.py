@@ -24,6 +24,15 @@ class ServiceError(ReasonctlError):
     """The service refused a request, failed it, or did not answer before the deadline."""
 
 
+class ServiceRefused(ServiceError):
+    """The service answered 4xx (not 429): the request itself is wrong (token, reward name,
+    media), so retrying or scoring 0 would not help. ``status`` is the HTTP status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class RewardServiceClient:
     """Talks to one reward service at ``url`` with ``token``."""
 
@@ -78,8 +87,8 @@ class RewardServiceClient:
                     return response
                 problem = f"HTTP {status}: {_message(response)}"
                 if status != 429 and status < 500:
-                    raise ServiceError(f"the reward service at {self.url} refused the request "
-                                       f"({problem})")
+                    raise ServiceRefused(f"the reward service at {self.url} refused the "
+                                         f"request ({problem})", status)
                 retry_after = _retry_after(response)
             attempt += 1
             pause = min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** (attempt - 1))
@@ -90,6 +99,22 @@ class RewardServiceClient:
                                    f"{problem})")
             self.retries += 1
             time.sleep(pause)
+
+    def probe(self) -> tuple[dict[str, Any] | None, int | None]:
+        """One quick look at the service: ``GET /health`` (what it serves) and the status
+        of ``GET /metrics``, which needs the token (401 for a wrong one); ``(None, None)``
+        when the service cannot be reached now."""
+        quick = self._httpx.Timeout(10.0, connect=3.0)
+        try:
+            health = self._client.get("/health", timeout=quick)
+            status = self._client.get("/metrics", timeout=quick).status_code
+        except self._httpx.TransportError:
+            return None, None
+        try:
+            served = health.json() if health.status_code == 200 else None
+        except ValueError:
+            served = None
+        return (served if isinstance(served, dict) else None), status
 
     def close(self) -> None:
         """Close the connections."""
@@ -111,4 +136,4 @@ def _retry_after(response: Any) -> float | None:
         return None
 
 
-__all__ = ["RewardServiceClient", "ServiceError"]
+__all__ = ["RewardServiceClient", "ServiceError", "ServiceRefused"]

@@ -17,6 +17,10 @@ is the weighted sum of the service's rewards (``None`` where all of them said ``
 With ``media_type`` image, video or latent it scores generated media
 (:class:`~reasonctl.ScoresMedia`): completions are numpy arrays, sent as one ``.npy``
 array per request.
+
+When built it checks the token, the reward names and their media with the service (a
+mistake is a :class:`~reasonctl.core.errors.UsageError` before any rollout); a request the
+service refuses later raises whatever ``on_error`` says.
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ class RemoteConfig(RewardConfig):
     token_env: str = Field(default="REASONCTL_REWARD_TOKEN",
                            description="Environment variable holding the bearer token.")
     rewards: dict[str, float] = Field(
-        min_length=1, description="Rewards of the service to score with, and their weights.")
+        min_length=1, description="Rewards of the service to score with, and their weights "
+        "({name = weight}; a list of names weighs each 1).")
     timeout: float = Field(default=600.0, gt=0,
                            description="Seconds from submitting a batch to having its scores.")
     on_error: Literal["raise", "zero", "skip"] = Field(
@@ -61,6 +66,14 @@ class RemoteConfig(RewardConfig):
     media_type: Literal["text", "image", "video", "latent"] = "text"
     chunk_size: int = Field(default=256, gt=0,
                             description="Completions per request (a batch is split).")
+
+    @field_validator("rewards", mode="before")
+    @classmethod
+    def _names_weigh_one(cls, value: Any) -> Any:
+        """A list of names (as the wire format takes them) weighs each 1."""
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return dict.fromkeys(value, 1.0)
+        return value
 
     @field_validator("url")
     @classmethod
@@ -98,6 +111,37 @@ class RemoteReward:
                            "service behind an https proxy", config.url)
         self.client = RewardServiceClient(config.url, token)
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="remote-reward")
+        self._preflight()
+
+    def _preflight(self) -> None:
+        """Check the token, the reward names and their media with the service now, before
+        a run spends a rollout on a request it would refuse; a service not reachable yet
+        is only a warning (each batch is retried until ``timeout``)."""
+        from reasonctl.core.errors import UsageError, did_you_mean
+
+        cfg = self.config
+        health, status = self.client.probe()
+        if health is None and status is None:
+            logger.warning("reward 'remote': the reward service at %s is not reachable now; "
+                           "each batch is retried until the remote reward's timeout (%gs)",
+                           cfg.url, cfg.timeout)
+            return
+        if status in (401, 403):
+            raise UsageError(_token_advice(cfg, status))
+        served = (health or {}).get("rewards")
+        if not isinstance(served, dict):
+            return  # not a reasonctl service (or an older one): nothing more to check
+        problems = []
+        for name in cfg.rewards:
+            if name not in served:
+                close = did_you_mean(name, served)
+                problems.append(f"{name!r} is not served there"
+                                + (f" (did you mean {close!r}?)" if close else "")
+                                + f"; served: {', '.join(sorted(served)) or 'none'}")
+            elif served[name] != cfg.media_type:
+                problems.append(_media_advice(name, str(served[name]), cfg.media_type))
+        if problems:
+            raise UsageError(f"reward 'remote' ({cfg.url}): " + "; ".join(problems))
 
     def __repr__(self) -> str:
         return f"RemoteReward(url={self.config.url!r}, rewards={self.config.rewards!r})"
@@ -134,12 +178,18 @@ class RemoteReward:
 
     def collect(self, handle: _Submitted) -> list[float | None]:
         """Wait for every request of ``handle``; apply ``on_error`` to failed ones."""
+        from reasonctl.reward_service.client import ServiceRefused
+
         out: list[float | None] = []
         for future, size in zip(handle.futures, handle.sizes, strict=True):
             try:
                 if isinstance(future, BaseException):
                     raise future
                 answer = future.result()
+            except ServiceRefused as exc:  # the request is wrong: on_error would hide it
+                advice = _token_advice(self.config, exc.status) if exc.status in (401, 403) \
+                    else str(exc)
+                raise RewardError(advice, reward=NAME) from None
             except Exception as exc:
                 out += self._failed(f"{type(exc).__name__}: {exc}", size)
                 continue
@@ -179,6 +229,21 @@ class RemoteMediaReward(RemoteReward):
 def remote_reward(config: RemoteConfig) -> RemoteReward:
     """The factory of ``remote``: a media reward when ``media_type`` is not text."""
     return RemoteReward(config) if config.media_type == "text" else RemoteMediaReward(config)
+
+
+def _token_advice(config: RemoteConfig, status: int) -> str:
+    return (f"reward 'remote': the reward service at {config.url} refused the token in "
+            f"{config.token_env} (HTTP {status}); export there a token the service accepts "
+            "(its [auth] token_env or token_file)")
+
+
+def _media_advice(name: str, served: str, sent: str) -> str:
+    advice = f"{name!r} scores {served} there, and this reward sends {sent}"
+    if served == "video" and sent == "image":
+        return advice + ("; set media_type = \"video\" in the remote reward (an image "
+                         "model's samples are sent as one-frame videos)")
+    return advice + f"; set media_type = {served!r} in the remote reward, or serve a " \
+        f"reward of {sent}"
 
 
 def _is_local(url: str) -> bool:

@@ -1,5 +1,8 @@
 """Key names users bring from cosmos-rl configs, and reasonctl's key for each.
 
+A config model may add hints for its own section with a class attribute ``foreign_keys``
+(``ClassVar[dict[str, str]]``, key -> what to write instead); they win over these.
+
 An unknown key that is one of these gets a hint naming what to write instead; an unknown
 table (``[train.ckpt]``, ``[policy]`` ...) also lists the hints of the keys inside it, so
 one validation run shows how to translate the whole section.
@@ -53,14 +56,35 @@ COSMOS_RL_KEYS: dict[str, str] = {
     # RL
     "n_generation": "rollout.n",
     "max_response_length": "rollout.max_new_tokens",
-    "mini_batch": "algorithm.grpo.mini_batches",
+    "mini_batch": "algorithm.grpo.mini_batches (algorithm.flow_grpo.mini_batches for a "
+                  "diffusion model)",
+    # diffusion models ([policy.diffusers] ...)
+    "diffusers": "[algorithm.flow_grpo] or [algorithm.ddrl] (algorithm.name), with "
+                 "model.name_or_path a diffusers pipeline directory",
+    "is_diffusers": "model.name_or_path naming a diffusers pipeline directory (its "
+                    "model_index.json says so)",
+    "timestep_fraction": "algorithm.flow_grpo.train_fraction (or train_steps)",
+    "eval_num_steps": "algorithm.flow_grpo.eval_steps",
+    "inference_size": "algorithm.flow_grpo.height and width",
+    "max_prompt_length": "algorithm.flow_grpo.max_text_tokens",
+    "advantage_high": "algorithm.flow_grpo.adv_clip_max",
+    "advantage_low": "algorithm.flow_grpo.adv_clip_max",
+    "lora": "[model.lora]",
+    "lora_alpha": "model.lora.alpha",
 }
 """cosmos-rl key (its last segment) -> where the setting lives in reasonctl."""
 
 
-def foreign_key_hint(key: str, value: Any = None) -> str | None:
+def foreign_key_hint(key: str, value: Any = None,
+                     section_keys: Mapping[str, str] | None = None) -> str | None:
     """The hint for an unknown ``key`` that cosmos-rl users write (``value`` is what the
-    config gave it: for a table, its keys get hints too); ``None`` for other keys."""
+    config gave it: for a table, its keys get hints too); ``None`` for other keys.
+
+    ``section_keys`` are the hints of the section the key is in (a config model's
+    ``foreign_keys``: ``{"their key": "what to write here instead"}``); they win over the
+    general ones, since a key's meaning can depend on the section."""
+    if section_keys and key in section_keys:
+        return f"for {key!r} write {section_keys[key]}"
     target = COSMOS_RL_KEYS.get(key)
     inner = list(_nested_hints(value, ""))
     if target is None and not inner:

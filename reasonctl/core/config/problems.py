@@ -102,7 +102,9 @@ def _message(loc: Loc, errors: list[dict[str, Any]], model: type[BaseModel],
     if first["type"] == "extra_forbidden":
         siblings = sorted({*known_keys(model, loc[:-1]), *(extra_keys if len(loc) == 1 else ())})
         close = did_you_mean(str(loc[-1]), siblings)
-        foreign = foreign_key_hint(str(loc[-1]), first.get("input"))
+        section = model_at(model, loc[:-1])
+        foreign = foreign_key_hint(str(loc[-1]), first.get("input"),
+                                   getattr(section, "foreign_keys", None))
         message = "unknown key" + (f"; {foreign}" if foreign else
                                    f"; did you mean {close!r}?" if close else "")
         return message + (f" (valid keys: {', '.join(siblings)})" if siblings else "")
@@ -131,21 +133,26 @@ def _shown(loc: Loc, error: dict[str, Any]) -> str:
 
 def known_keys(model: type[BaseModel], loc: Sequence[Any]) -> list[str]:
     """The keys valid at ``loc`` inside ``model`` (aliases where set)."""
+    fields = getattr(model_at(model, loc), "model_fields", None) or {}
+    return [f.alias or n for n, f in fields.items()]
+
+
+def model_at(model: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel] | None:
+    """The model of the section at ``loc`` inside ``model`` (``None`` when not a model)."""
     current: Any = model
     for part in loc:
         if isinstance(part, int):
             continue
         fields = getattr(current, "model_fields", None)
         if not fields:
-            return []
+            return None
         field = next((f for n, f in fields.items() if part in (n, f.alias)), None)
         if field is None:
-            return []
+            return None
         current = _model_below(field.annotation)
         if current is None:
-            return []
-    fields = getattr(current, "model_fields", {})
-    return [f.alias or n for n, f in fields.items()]
+            return None
+    return current
 
 
 def _model_below(annotation: Any) -> type[BaseModel] | None:

@@ -9,7 +9,7 @@ live here, next to the fields. Checks of the outside world (files, devices) are 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -71,6 +71,11 @@ class LoraSection(Section):
     blocks' attention and feed-forward projections, and ``export = "adapter"`` writes a
     diffusers LoRA file (``load_lora_weights``) instead of a peft directory.
     """
+
+    foreign_keys: ClassVar[dict[str, str]] = {
+        "r": "rank", "lora_alpha": "alpha", "lora_dropout": "dropout",
+        "init_lora_weights": "init ('kaiming' or 'gaussian')"}
+    """peft's ``LoraConfig`` names (cosmos-rl's ``[policy.lora]``) and the keys here."""
 
     rank: int = Field(default=16, gt=0, description="Rank r of each adapter.")
     alpha: float = Field(

@@ -114,8 +114,16 @@ class SD3Adapter(ModelAdapter):
         if frames != 1:
             problems.append(f"frames: {frames}, but {self.transformer_class} makes images; "
                             "set frames = 1")
-        return problems + self.stride_problems(height, width, self.spatial,
-                                               (self.patch, self.patch))
+        problems += self.stride_problems(height, width, self.spatial, (self.patch, self.patch))
+        limit = self.transformer_config.get("pos_embed_max_size")
+        if limit and not problems:
+            most = int(limit) * self.patch * self.spatial
+            problems += [f"{key}: {value} is more than this {self.transformer_class} takes "
+                         f"({most}: pos_embed_max_size {limit} x patch {self.patch} x VAE "
+                         f"stride {self.spatial})"
+                         for key, value in (("height", height), ("width", width))
+                         if value > most]
+        return problems
 
     def velocity(self, model: Any, latents: torch.Tensor, sigma: torch.Tensor,
                  text: TextCondition, *, frames: FrameCondition | None = None,
