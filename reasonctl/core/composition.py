@@ -62,7 +62,7 @@ def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1) -> 
     algorithm's config model declares :class:`~reasonctl.core.protocols.Needs` with a
     dataset, or declares none) and the algorithm's own view of the config (its config
     model's :class:`~reasonctl.core.protocols.ValidatesRunConfig`) on ``world_size``
-    data-parallel ranks.
+    data-parallel ranks, and the backend's (its config model's, likewise).
     """
     from reasonctl.core.config import preflight_problems
 
@@ -71,6 +71,9 @@ def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1) -> 
     problems = preflight_problems(config, registry, reads_data=needs.dataset)
     if isinstance(options, ValidatesRunConfig):
         problems += options.config_problems(config, world_size=world_size)
+    backend_options = config.component_config("backend", config.backend.name)
+    if isinstance(backend_options, ValidatesRunConfig):
+        problems += backend_options.config_problems(config, world_size=world_size)
     problems += placement_problems(config, options)
     if problems:
         raise ConfigError(problems)

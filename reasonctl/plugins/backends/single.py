@@ -28,6 +28,19 @@ class SingleBackendConfig(BaseModel):
     )
 
 
+    def config_problems(self, config: Any, *, world_size: int) -> list[str]:
+        """Parallel layouts set for ``fsdp`` that a one-device run would silently ignore
+        (:class:`~reasonctl.core.protocols.ValidatesRunConfig`)."""
+        fsdp = config.component_config("backend", "fsdp")
+        return [
+            f"backend.fsdp.{key}: {value} splits {what} over processes of the fsdp backend, "
+            "but backend.name = 'single' runs one process that holds everything; use "
+            f"--backend fsdp --nproc-per-node N (N a multiple of {key}), or set {key} = 1"
+            for key, what in (("cp", "sequences"), ("tp", "layers"))
+            if (value := getattr(fsdp, key, 1)) > 1
+        ]
+
+
 def build_single_backend(config: SingleBackendConfig | None, **_: Any) -> Any:
     """Train on one device (CPU or one GPU)."""
     from reasonctl.backends.single import SingleDeviceBackend
