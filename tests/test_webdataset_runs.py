@@ -100,3 +100,26 @@ def test_data_check_reads_one_epoch_of_a_stream(tmp_path: Path, shards: Path,
                           (f"{shards}/000001.tar:b3", report.bad[1][1])]
     assert "no text to train on" in report.bad[1][1]
     assert any("streams its samples: read one epoch" in note for note in report.notes)
+
+
+@pytest.mark.parametrize("on_bad_shard", ["error", "skip"])
+def test_an_unusable_bucket_is_named_once_not_skipped_shard_by_shard(
+        tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        on_bad_shard: str) -> None:
+    """A missing bucket (or credentials, or endpoint) is no single shard's fault: neither
+    "skip the shard" advice nor skipping every shard in turn, but one error naming it."""
+    import reasonctl
+    from reasonctl.core.errors import DataError
+    from tests.storage_servers import S3Server, use_server
+
+    with S3Server() as server:
+        use_server(server, monkeypatch)
+        config = sft_config(tmp_path / "run", tmp_path, tiny_model_dir)
+        config["data"]["webdataset"] = {"shards": "s3://no-such-bucket/{000000..000003}.tar",
+                                        "on_bad_shard": on_bad_shard}
+        with pytest.raises(DataError) as caught:
+            reasonctl.run(config)
+    message = str(caught.value)
+    assert message.startswith("data.webdataset.shards: ")
+    assert "bucket 'no-such-bucket' does not exist" in message
+    assert "on_bad_shard" not in message
