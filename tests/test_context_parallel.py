@@ -207,7 +207,7 @@ def _run_in_process(config_file: Path, *overrides: str) -> Any:
     return result
 
 
-def _launch(config_file: Path, output_dir: Path, *extra: str, processes: int = 2) -> None:
+def _launch(config_file: Path, output_dir: Path, *extra: str, processes: int = 2) -> str:
     import subprocess
     import sys
 
@@ -217,6 +217,7 @@ def _launch(config_file: Path, output_dir: Path, *extra: str, processes: int = 2
     proc = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"},
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc.stdout + proc.stderr
 
 
 def _losses(output_dir: Path) -> dict[int, float]:
@@ -273,7 +274,9 @@ def test_sft_with_cp_pair_matches_one_process_and_resumes_in_one(tmp_path: Path,
     config = _sft_config(tmp_path, tiny_model_dir)
     single, pair = tmp_path / "single", tmp_path / "cp2"
     _run_in_process(config, f"run.output_dir={single}", "backend.name=single")
-    _launch(config, pair, "--set", "backend.fsdp.cp=2")
+    output = _launch(config, pair, "--set", "backend.fsdp.cp=2")
+    assert "on cpu x2 (1 data-parallel)" in output  # two processes, one batch between them
+    assert "Slicing a flattened dim" not in output  # the flattened mesh is kept, not sliced
     want, got = _losses(single), _losses(pair)
     assert sorted(got) == [1, 2, 3, 4]
     for step in got:
