@@ -123,3 +123,33 @@ def test_an_unusable_bucket_is_named_once_not_skipped_shard_by_shard(
     assert message.startswith("data.webdataset.shards: ")
     assert "bucket 'no-such-bucket' does not exist" in message
     assert "on_bad_shard" not in message
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_corrupt_shard_on_one_rank_ends_both_processes(tmp_path: Path, shards: Path,
+                                                         tiny_model_dir: Path) -> None:
+    """Rank 0 stops on the corrupt shard while rank 1 waits in the step's all-reduce: the
+    failed rank no longer waits for its peer at a barrier (both hung until killed), so
+    the launch ends naming the shard."""
+    import os
+    import subprocess
+    import sys
+
+    import tomli_w
+
+    write_rows(shards / "000001.tar", {f"b{i}": good(10 + i) for i in range(6)})
+    bad = shards / "000002.tar"
+    bad.write_bytes(b"\xff" * 2048)
+    values = sft_config(tmp_path / "run", shards, tiny_model_dir)
+    values["data"].update(on_bad_row="error", shuffle=False)
+    values["backend"]["name"] = "fsdp"
+    values["train"].update(max_steps=5, micro_batch_size=1)
+    config = tmp_path / "sft.toml"
+    config.write_text(tomli_w.dumps(values))
+    proc = subprocess.run([sys.executable, "-m", "reasonctl", "run", "--nproc-per-node", "2",
+                           "--config", str(config)],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0
+    assert f"{bad}: not a readable tar file" in proc.stderr, proc.stderr[-3000:]

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 from collections.abc import Iterator
 from functools import partial
 from typing import Any, Literal
@@ -387,7 +388,11 @@ class FSDPBackend(TorchBackend):
         # process group, alive past its destruction: collect them while the group exists
         gc.collect()
         if self._owns_process_group and dist.is_initialized():
-            dist.barrier()  # no rank tears down its gloo threads while a peer still talks
+            # a run that failed on this rank (closed while its error propagates) skips the
+            # barrier: its peers may wait in another collective, and the barrier would hang
+            # both; tearing the group down ends their waits with an error instead
+            if sys.exc_info()[1] is None:
+                dist.barrier()  # no rank tears down its gloo threads while a peer still talks
             dist.destroy_process_group()
         self._owns_process_group = False
 
