@@ -27,3 +27,23 @@ def test_sft_with_cp_and_tp_pairs_matches_one_process(tmp_path: Path,
     assert sorted(got) == [1, 2, 3, 4]
     for step in got:
         assert got[step] == pytest.approx(want[step], rel=1e-4), step
+
+
+@pytest.mark.parametrize("key", ["cp", "tp"])
+def test_a_parallel_layout_with_the_single_backend_is_refused_by_name(
+        tmp_path: Path, tiny_model_dir: Path, key: str) -> None:
+    """``--set backend.fsdp.cp=2`` with the (default) single backend ran whole sequences
+    on one process without a word; it stops before loading anything (exit 2)."""
+    import subprocess
+    import sys
+
+    config = _sft_config(tmp_path, tiny_model_dir)
+    proc = subprocess.run(
+        [sys.executable, "-m", "reasonctl", "run", "--config", str(config), "--backend",
+         "single", "--set", f"backend.fsdp.{key}=2", "--output-dir", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"backend.fsdp.{key}: set by --set" in proc.stderr
+    assert "'single' backend" in proc.stderr
+    assert "add --backend fsdp (with --nproc-per-node N)" in proc.stderr
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()

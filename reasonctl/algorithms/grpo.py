@@ -336,7 +336,9 @@ class GRPO:
         """This rank's share of the next ``count`` prompts."""
         assert self.order is not None
         drawn = self.order.draw(count)
-        ctx.skipped_rows += drawn.skipped
+        for where, reason in drawn.reports:  # each counts itself
+            ctx.record_skipped_row(where, reason)
+        ctx.skipped_rows += drawn.skipped - len(drawn.reports)
         return [item.load() for item in drawn.items]
 
     def _enough(self, kept: int, per_rank: int, backend: Backend) -> bool:

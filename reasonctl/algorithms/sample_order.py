@@ -19,12 +19,17 @@ last draw, :meth:`checkpoint_state` turns a position into what a checkpoint stor
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from reasonctl.algorithms.sampling import EpochSampler
 from reasonctl.core.errors import ConfigError
-from reasonctl.core.protocols import Dataset, StreamsSamples, streams_samples
+from reasonctl.core.protocols import (
+    Dataset,
+    StreamsSamples,
+    skipped_row_reports,
+    streams_samples,
+)
 from reasonctl.core.types import Sample
 from reasonctl.data.datasets import shard
 
@@ -40,10 +45,12 @@ class Drawn:
 
 @dataclass
 class Draw:
-    """This rank's samples of one draw and how many malformed ones the stream skipped."""
+    """This rank's samples of one draw and how many malformed ones the stream skipped
+    (``reports``: the ``(where, reason)`` of those the stream names)."""
 
     items: list[Drawn]
     skipped: int = 0
+    reports: list[tuple[str, str]] = field(default_factory=list)
 
 
 class IndexedOrder:
@@ -97,6 +104,7 @@ class StreamedOrder:
         self.world_size = world_size
         self.position: dict[str, Any] | None = None
         self._stream: Iterator[tuple[Sample, dict[str, Any]]] | None = None
+        self._reported = 0
 
     @property
     def samples_per_epoch(self) -> int | None:
@@ -126,7 +134,9 @@ class StreamedOrder:
             sample, self.position = next(self._stream)
             items.append(Drawn(None, lambda sample=sample: sample))
         skipped = int((self.position or {}).get("skipped", 0)) - before
-        return Draw(items, skipped)
+        reports = skipped_row_reports(self.dataset)  # type: ignore[arg-type]
+        new, self._reported = reports[self._reported:], len(reports)
+        return Draw(items, skipped, new[:skipped])
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's stream position after the last draw (``{}`` before the first)."""

@@ -177,7 +177,7 @@ class StepBatches:
         drawn = order.draw(layout.global_batch_size)
         encoded, skipped = self._encode_all(drawn.items)
         skipped += drawn.skipped
-        reports, self._reports = self._reports, []
+        reports, self._reports = [*drawn.reports, *self._reports], []
         micro_batches = [collate(chunk, self.processor.pad_id, pack=self.pack)
                          for chunk in layout.micro_chunks(encoded)]
         if self.pin_memory:

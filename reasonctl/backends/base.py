@@ -61,6 +61,8 @@ class TorchBackend:
 
     rank: int = 0
     world_size: int = 1
+    processes: int = 1
+    """Processes of the job (``world_size`` counts the data-parallel ranks among them)."""
     is_main: bool = True
     device: torch.device = torch.device("cpu")
 
@@ -96,8 +98,10 @@ class TorchBackend:
         """Build the model, optimizer and schedule (see :meth:`build`)."""
         self.ctx = ctx
         self.build(ctx)
+        data = (f" ({self.world_size} data-parallel)" if self.world_size != self.processes
+                else "")
         ctx.info(f"model {ctx.config.model.name_or_path}: {self.parameter_counts.describe()} "
-                 f"on {self.device} x{self.world_size}")
+                 f"on {self.device} x{self.processes}{data}")
 
     def build(self, ctx: RunContext) -> None:
         """Create ``policy``, ``hf_model``, ``optimizer``, ``scheduler`` and ``source``."""

@@ -52,6 +52,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from reasonctl.backends.distributed import all_gather_into, reduce_scatter_into
 from reasonctl.core.errors import ConfigError
 
 ATTENTION_NAME = "reasonctl_context_parallel"
@@ -288,7 +289,7 @@ def _causal_lower_right(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 def _all_gather(local: torch.Tensor, plan: ShardPlan) -> torch.Tensor:
     """``[size, *local.shape]``: every rank's ``local``, in group-rank order."""
     out = local.new_empty((plan.size * local.shape[0], *local.shape[1:]))
-    dist.all_gather_into_tensor(out, local.contiguous(), group=plan.group)
+    all_gather_into(out, local.contiguous(), plan.group)
     return out.view(plan.size, *local.shape)
 
 
@@ -335,7 +336,7 @@ class _GatherSharded(_GatherToGlobal):
         plan = ctx.plan
         pieces = _to_ranks(grad, plan, ctx.dim).contiguous()
         out = pieces.new_empty(pieces.shape[1:])
-        dist.reduce_scatter_tensor(out, pieces.flatten(0, 1), group=plan.group)
+        reduce_scatter_into(out, pieces.flatten(0, 1), plan.group)
         return out, None, None
 
 

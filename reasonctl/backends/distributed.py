@@ -104,3 +104,17 @@ def barrier_all() -> None:
     """Wait for every process of the job (no-op in one process)."""
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def all_gather_into(output: torch.Tensor, local: torch.Tensor, group: object) -> None:
+    """Every rank's ``local`` stacked along dim 0 into ``output`` (``all_gather_single``
+    where torch has it: torch 2.13 deprecates ``all_gather_into_tensor``)."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, local, group=group)
+
+
+def reduce_scatter_into(output: torch.Tensor, stacked: torch.Tensor, group: object) -> None:
+    """Sum over ranks of ``stacked`` (dim 0: one block per rank), this rank's block into
+    ``output`` (``reduce_scatter_single`` where torch has it)."""
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    scatter(output, stacked, group=group)

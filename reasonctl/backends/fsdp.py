@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 from collections.abc import Iterator
 from functools import partial
 from typing import Any, Literal
@@ -117,6 +118,8 @@ class FSDPBackend(TorchBackend):
         self.cp = cp
         self.reshard_after_forward = reshard_after_forward
         self.mesh: DeviceMesh | None = None
+        self._flattened: dict[str, DeviceMesh] = {}
+        """Flattened mesh dimensions (``dp_shard_cp``, ``cp_tp``) as created."""
         self.processes = 1
         """Processes of the job (data-parallel x context-parallel x tensor-parallel)."""
         self._owns_process_group = False
@@ -266,9 +269,9 @@ class FSDPBackend(TorchBackend):
                 sizes, names = [*sizes, value], [*names, key]
         mesh = init_device_mesh(self.device.type, tuple(sizes), mesh_dim_names=tuple(names))
         if cp > 1:  # FSDP shards over dp_shard x cp (the cp ranks share parameters)
-            mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
+            self._flattened["dp_shard_cp"] = mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
             if tp > 1:  # the group a batch is shared over
-                mesh[("cp", "tp")]._flatten("cp_tp")
+                self._flattened["cp_tp"] = mesh[("cp", "tp")]._flatten("cp_tp")
         return mesh
 
     # --- batches ------------------------------------------------------------------------
@@ -280,7 +283,7 @@ class FSDPBackend(TorchBackend):
         if shared_over:
             assert self.mesh is not None
             name = "cp_tp" if len(shared_over) == 2 else shared_over[0]
-            group = self.mesh[name].get_group()
+            group = self._submesh([name]).get_group()
             shared = [batch]
             dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0), group=group)
             batch = shared[0]
@@ -302,6 +305,8 @@ class FSDPBackend(TorchBackend):
 
     def _submesh(self, names: list[str]) -> DeviceMesh:
         assert self.mesh is not None
+        if len(names) == 1 and names[0] in self._flattened:  # kept: torch deprecates
+            return self._flattened[names[0]]                  # slicing them from the root
         return self.mesh[tuple(names)] if len(names) > 1 else self.mesh[names[0]]
 
     def _shard(self, policy: torch.nn.Module, dtype: torch.dtype) -> None:
@@ -385,7 +390,11 @@ class FSDPBackend(TorchBackend):
         # process group, alive past its destruction: collect them while the group exists
         gc.collect()
         if self._owns_process_group and dist.is_initialized():
-            dist.barrier()  # no rank tears down its gloo threads while a peer still talks
+            # a run that failed on this rank (closed while its error propagates) skips the
+            # barrier: its peers may wait in another collective, and the barrier would hang
+            # both; tearing the group down ends their waits with an error instead
+            if sys.exc_info()[1] is None:
+                dist.barrier()  # no rank tears down its gloo threads while a peer still talks
             dist.destroy_process_group()
         self._owns_process_group = False
 

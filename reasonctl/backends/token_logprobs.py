@@ -117,8 +117,10 @@ class TokenLogprobModel(nn.Module):
         )
         width = plan.length - 1
         entropy = outputs.entropy
-        return (plan.gather(outputs.logprobs)[:, :width],
-                plan.gather(entropy)[:, :width] if entropy is not None else None)
+        # copies, not views of the padded gathers: FSDP2 warns that an in-place op on a
+        # view its root returns would skip the view's backward hook
+        return (plan.gather(outputs.logprobs)[:, :width].clone(),
+                plan.gather(entropy)[:, :width].clone() if entropy is not None else None)
 
 
 def decoder_of(hf_model: nn.Module) -> nn.Module:

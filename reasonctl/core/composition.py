@@ -64,10 +64,10 @@ def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1,
     algorithm's config model declares :class:`~reasonctl.core.protocols.Needs` with a
     dataset, or declares none) and the algorithm's own view of the config (its config
     model's :class:`~reasonctl.core.protocols.ValidatesRunConfig`) on ``world_size``
-    data-parallel ranks. With ``processes`` (the launcher's process count) the backend's
-    config model checks its layout
-    (:class:`~reasonctl.core.protocols.ValidatesProcessLayout`) and says how many of them
-    are data-parallel ranks.
+    data-parallel ranks, and the backend's (its config model's, likewise). With
+    ``processes`` (the launcher's process count) the backend's config model checks its
+    layout (:class:`~reasonctl.core.protocols.ValidatesProcessLayout`) and says how many of
+    them are data-parallel ranks.
     """
     from reasonctl.core.config import preflight_problems
 
@@ -86,6 +86,8 @@ def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1,
                 world_size = backend_options.data_parallel_size(processes=processes)
     if isinstance(options, ValidatesRunConfig):
         problems += options.config_problems(config, world_size=world_size)
+    if isinstance(backend_options, ValidatesRunConfig):
+        problems += backend_options.config_problems(config, world_size=world_size)
     problems += placement_problems(config, options)
     if problems:
         raise ConfigError(problems)

@@ -190,9 +190,9 @@ class Closes(Protocol):
 
 @runtime_checkable
 class ValidatesRunConfig(Protocol):
-    """Optional for an algorithm's config model: problems of the whole run config that the
-    algorithm can tell before any model or data is loaded (default: none), e.g. SFT's
-    global batch splitting into micro-batches. ``reasonctl config validate`` and
+    """Optional for an algorithm's or a backend's config model: problems of the whole run
+    config that the component can tell before any model or data is loaded (default: none),
+    e.g. SFT's global batch splitting into micro-batches. ``reasonctl config validate`` and
     ``reasonctl run`` report them with the other pre-flight problems, as ``path: message``
     lines (exit 2). It lives on the config model, which imports nothing heavy, so the
     check stays fast."""

@@ -88,7 +88,7 @@ def check_data(config: RunConfig, registry: Registry, *, workers: int | None = N
     """Parse and encode the configured data set (see the module docstring)."""
     from reasonctl.core.composition import build_dataset, build_processor
     from reasonctl.core.lifecycle import LifecycleHooks
-    from reasonctl.core.protocols import RunContext, skipped_row_reports
+    from reasonctl.core.protocols import RunContext, skipped_row_reports, streams_samples
     from reasonctl.data.rows import split_problem
 
     skip = config.model_copy(update={
@@ -104,8 +104,15 @@ def check_data(config: RunConfig, registry: Registry, *, workers: int | None = N
                         encoding=encoding)
     ctx.info = report.notes.append  # type: ignore[method-assign]
     dataset = build_dataset(ctx)
+    if streams_samples(dataset):  # no length: one epoch through one rank
+        from reasonctl.data.streams import first_epoch
+
+        samples = first_epoch(dataset)
+        report.notes.append(f"data.format = {config.data.format!r} streams its samples: "
+                            f"read one epoch ({len(samples)} usable) through one rank")
+    else:
+        samples = [dataset[i] for i in range(len(dataset))]
     report.bad = list(skipped_row_reports(dataset))
-    samples = [dataset[i] for i in range(len(dataset))]
     report.rows = len(samples) + len(report.bad)
 
     def encode(sample: Sample) -> tuple[Sample, Any]:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from reasonctl.core.errors import ConfigError
-from reasonctl.core.protocols import StreamsSamples, skipped_rows
+from reasonctl.core.protocols import StreamsSamples, skipped_row_reports, skipped_rows
 from reasonctl.core.types import Sample
 from reasonctl.data.messages import apply_prompt_options
 
@@ -56,6 +56,12 @@ class StreamView:
         """Malformed samples the stream skipped so far (``data.on_bad_row = "skip"``)."""
         return skipped_rows(self.dataset)
 
+    @property
+    def skipped(self) -> list[tuple[str, str]]:
+        """``(where, reason)`` of the samples the stream skipped so far, when it names
+        them (:class:`~reasonctl.core.protocols.ReportsSkippedRows`)."""
+        return skipped_row_reports(self.dataset)
+
     def iterate(self, rank: int, world_size: int, state: dict[str, Any] | None
                 ) -> Iterator[tuple[Sample, dict[str, Any]]]:
         """The wrapped stream with the prompt options applied to each sample."""
@@ -66,6 +72,22 @@ class StreamView:
                 sample = Sample(messages, reference=sample.reference, meta=sample.meta,
                                 source=sample.source)
             yield sample, position
+
+
+def first_epoch(dataset: StreamsSamples) -> list[Sample]:
+    """Every sample of the stream's first epoch, read as one data-parallel rank."""
+    samples = []
+    stream = dataset.iterate(0, 1, None)
+    try:
+        for sample, position in stream:
+            if int(position.get("epoch", 0)) > 0:
+                break
+            samples.append(sample)
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+    return samples
 
 
 def gather_positions(rank: int, world_size: int, position: dict[str, Any]

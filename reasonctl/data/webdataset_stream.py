@@ -40,6 +40,9 @@ class WebDatasetStream:
         self.skip_bad_rows = skip_bad_rows
         self.samples_per_epoch = config.samples_per_epoch
         self.media = config.resolver(Path.cwd(), "webdataset")
+        self.skipped: list[tuple[str, str]] = []
+        """``(shard:key, reason)`` of every malformed sample skipped in this process
+        (``data.on_bad_row = "skip"``), for the run's skipped-row list."""
 
     def epoch_shards(self, epoch: int, rank: int, world_size: int) -> list[int]:
         """Indices (into :attr:`shards`) of ``rank``'s shards in ``epoch``, in order."""
@@ -185,6 +188,7 @@ class WebDatasetStream:
             sample = sample_from_record(record, self.media)
         except RowProblem as exc:
             if self.skip_bad_rows:
+                self.skipped.append((f"{uri}:{tar_sample.key}", str(exc)))
                 return None
             raise DataError(f"{uri}:{tar_sample.key}: {exc} (set data.on_bad_row = \"skip\" "
                             "to skip bad samples)") from None

@@ -61,6 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from reasonctl.backends.distributed import all_gather_into, reduce_scatter_into
 from reasonctl.core.errors import ConfigError
 
 
@@ -359,7 +360,7 @@ def _all_gather(local: torch.Tensor, slices: SequenceSlices, dim: int) -> torch.
         padded = torch.cat([local, local.new_zeros(shape)], dim=dim)
     padded = padded.contiguous()
     out = padded.new_empty((slices.size * padded.shape[0], *padded.shape[1:]))
-    dist.all_gather_into_tensor(out, padded, group=slices.group)
+    all_gather_into(out, padded, slices.group)
     pieces = out.view(slices.size, *padded.shape)
     return torch.cat([pieces[r].narrow(dim, 0, n) for r, n in enumerate(slices.counts)],
                      dim=dim)
@@ -393,7 +394,7 @@ class _GatherSharded(_GatherSlices):
             pieces.append(part)
         stacked = torch.cat(pieces, dim=0).contiguous()
         out = stacked.new_empty(pieces[0].shape)
-        dist.reduce_scatter_tensor(out, stacked, group=slices.group)
+        reduce_scatter_into(out, stacked, slices.group)
         return out.narrow(dim, 0, slices.local), None, None
 
 

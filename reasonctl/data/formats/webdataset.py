@@ -106,6 +106,7 @@ def build_webdataset(config: WebDatasetConfig | None, *,
 
     shards = expand_shards(config.shards, option="data.webdataset.shards",
                            list_remote=lambda uri: storage_for(uri).list(uri))
+    _check_access(shards, storage_for)
     data = ctx.config.data if ctx is not None else None
     return WebDatasetStream(
         shards, config, storage_for=storage_for,
@@ -113,6 +114,22 @@ def build_webdataset(config: WebDatasetConfig | None, *,
         shuffle=data.shuffle if data is not None else False,
         skip_bad_rows=data is not None and data.on_bad_row == "skip",
     )
+
+
+def _check_access(shards: list[str], storage_for: Any) -> None:
+    """One access check per remote scheme (credentials, endpoint, bucket), so a problem
+    no single shard causes stops the run once, by name, before ``on_bad_shard`` would
+    skip every shard in turn."""
+    from reasonctl.core.errors import DataError
+    from reasonctl.core.storage import StorageError
+    from reasonctl.core.uris import is_remote
+
+    first = {uri.split("://", 1)[0]: uri for uri in reversed(shards) if is_remote(uri)}
+    for uri in first.values():
+        try:  # a read-only request (a missing shard alone is left to on_bad_shard)
+            storage_for(uri).exists(uri)
+        except StorageError as exc:
+            raise DataError(f"data.webdataset.shards: {exc}") from None
 
 
 def exts(option: str) -> list[str]:
