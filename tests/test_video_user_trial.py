@@ -1,0 +1,63 @@
+"""What a user's first trial of the video features on data of their own turned up: Cosmos-
+Reason1 RL sets saved by ``datasets`` (options of a struct column), RL rows whose answer
+names no option, and the messages and files of runs on such data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from data_factories import write_chat_jsonl, write_tiny_mp4
+
+from reasonctl.core.errors import DataError
+from reasonctl.data.formats.hf import HfConfig, build_hf_dataset
+from reasonctl.data.formats.jsonl import JsonlConfig, build_jsonl_dataset
+from reasonctl.data.prompting import layout_mcq
+from reasonctl.rewards.choice import ChoiceConfig, choice_judgement
+
+COLOURS = {"A": "red", "B": "green", "C": "blue", "D": "yellow"}
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_mp4(tmp_path_factory.mktemp("clips") / "clip.mp4", frames=4, fps=4)
+
+
+def test_saved_rl_set_rows_with_fewer_options_get_no_null_option(
+        tmp_path: Path, clip: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    three = {k: v for k, v in COLOURS.items() if k != "D"}
+    rows = [{"video": str(clip), "qa_pairs": {"question": "Which colour?", "index2ans": options,
+                                               "answer": answer}}
+            for options, answer in ((COLOURS, "D"), (three, "A"))]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "rl"))
+    sample = build_hf_dataset(HfConfig(name=str(tmp_path / "rl")))[1]
+    assert sample.meta["qa_pairs"]["index2ans"] == three  # the struct held "D": None
+    prompt = layout_mcq(sample).messages[-1].text
+    assert prompt == "Which colour?\nA. red\nB. green\nC. blue"
+    # "D" is no option of this row: naming it is no pick (the first commitment decides)
+    assert choice_judgement("<answer>A</answer>", sample, ChoiceConfig()).score == 1.0
+    assert choice_judgement("<answer>D</answer>", sample, ChoiceConfig()).answer is None
+
+
+def test_an_rl_answer_that_names_no_option_is_a_bad_row(tmp_path: Path, clip: Path) -> None:
+    def row(answer: object) -> dict:
+        return {"video": str(clip), "qa_pairs": {
+            "question": "Which colour?", "index2ans": {"A": "red", "B": "blue"},
+            "answer": answer}}
+
+    good = ["B", "(b)", "B. blue", "blue", 1]
+    path = write_chat_jsonl(tmp_path / "rl.jsonl", [*map(row, good), row("Z"), row("purple")])
+    with pytest.raises(DataError, match=r"rl.jsonl:6: 'qa_pairs' answer 'Z' names none of its "
+                                        r"options \(A: red, B: blue\)"):
+        build_jsonl_dataset(JsonlConfig(path=str(path)))
+    from reasonctl.data.messages import sample_from_record
+    from reasonctl.data.rows import RowOptions, build_samples, read_json_rows
+
+    resolver = JsonlConfig(path=str(path)).resolver(path.parent, "jsonl")
+    dataset = build_samples(read_json_rows(path), lambda r: sample_from_record(r.value, resolver),
+                            RowOptions(on_bad_row="skip"))
+    assert [s.source.rsplit(":", 1)[1] for s in dataset.samples] == ["1", "2", "3", "4", "5"]
+    assert [where.rsplit(":", 1)[1] for where, _ in dataset.skipped] == ["6", "7"]
+    for sample in dataset.samples:
+        assert choice_judgement("<answer>B</answer>", sample, ChoiceConfig()).score == 1.0
