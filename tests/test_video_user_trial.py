@@ -61,3 +61,26 @@ def test_an_rl_answer_that_names_no_option_is_a_bad_row(tmp_path: Path, clip: Pa
     assert [where.rsplit(":", 1)[1] for where, _ in dataset.skipped] == ["6", "7"]
     for sample in dataset.samples:
         assert choice_judgement("<answer>B</answer>", sample, ChoiceConfig()).score == 1.0
+
+
+def cli(args: list[str]) -> tuple[int, str]:
+    from typer.testing import CliRunner
+
+    from reasonctl.cli.app import build_app
+    from reasonctl.core.plugins import PluginHost
+
+    result = CliRunner().invoke(build_app(PluginHost.load()), args)
+    return result.exit_code, result.output
+
+
+def test_infer_names_the_flag_of_a_bad_file_and_exits_2(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"not a video" * 20)
+    base = ["infer", "--model", "tiny-random-vl", "--prompt", "What colour?",
+            "--max-new-tokens", "2"]
+    code, output = cli([*base, "--video", str(broken)])
+    assert code == 2, output
+    assert f"--video: cannot read video {broken}" in " ".join(output.split())
+    code, output = cli([*base, "--video", str(tmp_path / "none.mp4")])
+    assert code == 2, output
+    assert "none.mp4: no such file" in " ".join(output.split())
