@@ -80,7 +80,9 @@ def test_infer_names_the_flag_of_a_bad_file_and_exits_2(tmp_path: Path) -> None:
             "--max-new-tokens", "2"]
     code, output = cli([*base, "--video", str(broken)])
     assert code == 2, output
-    assert f"--video: cannot read video {broken}" in " ".join(output.split())
+    said = " ".join(output.split())
+    assert f"--video: cannot read video {broken}: Invalid data found" in said
+    assert "re-encode it (ffmpeg -i FILE" in said  # what to do about it
     code, output = cli([*base, "--video", str(tmp_path / "none.mp4")])
     assert code == 2, output
     assert "none.mp4: no such file" in " ".join(output.split())
