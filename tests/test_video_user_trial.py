@@ -86,3 +86,23 @@ def test_infer_names_the_flag_of_a_bad_file_and_exits_2(tmp_path: Path) -> None:
     code, output = cli([*base, "--video", str(tmp_path / "none.mp4")])
     assert code == 2, output
     assert "none.mp4: no such file" in " ".join(output.split())
+
+
+def test_llava_rows_give_grpo_rewards_their_answer_as_reference(tmp_path: Path) -> None:
+    from data_factories import write_png
+
+    from reasonctl.data.formats.llava import LlavaConfig, build_llava_dataset
+    from reasonctl.rewards.exact_match import ExactMatchConfig, exact_match_judgement
+
+    write_png(tmp_path / "red.png")
+    path = write_chat_jsonl(tmp_path / "llava.jsonl", [
+        {"image": "red.png", "conversations": [
+            {"from": "human", "value": "<image>\nWhat colour is shown?"},
+            {"from": "gpt", "value": "Red."}]},
+        {"image": "red.png", "reference": "red", "conversations": [
+            {"from": "human", "value": "<image>\nColour?"}, {"from": "gpt", "value": "Red."}]},
+    ])
+    first, second = build_llava_dataset(LlavaConfig(path=str(path))).samples
+    assert (first.reference, second.reference) == ("Red.", "red")  # a given reference wins
+    # without it every reward returned None: GRPO trained on nothing, with only a warning
+    assert exact_match_judgement("red.", first.reference, ExactMatchConfig()).score == 1.0

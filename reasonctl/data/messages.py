@@ -28,7 +28,9 @@ Content is a string or a list of parts: ``{"type": "text", "text": ...}``,
 ``image``/``images``/``video``/``videos`` fields (a path or a list of paths) fill
 ``<image>``/``<video>`` tags in the text in order, or, when the text has no tags, go before
 the text of the first user message; a top-level file that the conversation already holds
-is used once, with a :class:`DuplicateMediaWarning`. ``reference`` and ``meta`` are kept;
+is used once, with a :class:`DuplicateMediaWarning`. ``reference`` and ``meta`` are kept
+(a conversation without ``reference`` that ends with an assistant turn has that turn's text
+as its reference, so RL rewards and evaluation judge LLaVA-style rows against it);
 any other top-level key is added to ``meta`` (e.g. ``choices``, ``qa_pairs`` or ``id``).
 """
 
@@ -303,6 +305,8 @@ def sample_from_record(record: Any, media: MediaResolver) -> Sample:
         key = "messages" if record.get("messages") is not None else "conversations"
         messages = parse_messages(record[key], media, key)
         reference = record.get("reference")
+        if reference is None and messages and messages[-1].role == "assistant":
+            reference = messages[-1].text.strip() or None  # what RL rewards judge against
     elif record.get("prompt") is not None:
         messages, reference = _prompt_answer_messages(record, media)
     elif record.get("qa_pairs") is not None:
