@@ -106,3 +106,19 @@ def test_llava_rows_give_grpo_rewards_their_answer_as_reference(tmp_path: Path) 
     assert (first.reference, second.reference) == ("Red.", "red")  # a given reference wins
     # without it every reward returned None: GRPO trained on nothing, with only a warning
     assert exact_match_judgement("red.", first.reference, ExactMatchConfig()).score == 1.0
+
+
+def test_a_bad_row_drawn_again_is_listed_and_counted_once(tmp_path: Path) -> None:
+    import json
+
+    from reasonctl.testing import run_context
+
+    ctx = run_context({"data": {"on_bad_row": "skip"}}, output_dir=tmp_path)
+    broken = ("train.jsonl:2", "cannot read video broken.mp4: Invalid data")
+    for _epoch in range(3):  # each epoch (and each retry of a step) draws the row again
+        ctx.record_skipped_row(*broken)
+    ctx.record_skipped_row("train.jsonl:4", "the prompt has 2033 tokens ...")
+    assert ctx.skipped_rows == 2  # as `reasonctl data check` counts the corpus's bad rows
+    listed = [json.loads(line)["row"] for line in
+              (tmp_path / "skipped_rows.jsonl").read_text().splitlines()]
+    assert listed == ["train.jsonl:2", "train.jsonl:4"]
