@@ -122,3 +122,15 @@ def test_a_bad_row_drawn_again_is_listed_and_counted_once(tmp_path: Path) -> Non
     listed = [json.loads(line)["row"] for line in
               (tmp_path / "skipped_rows.jsonl").read_text().splitlines()]
     assert listed == ["train.jsonl:2", "train.jsonl:4"]
+
+
+def test_an_hf_runs_eval_file_is_read_as_data_files(tmp_path: Path, clip: Path) -> None:
+    pytest.importorskip("datasets")
+    rows = [{"video": str(clip), "qa_pairs": {"question": "Which colour?", "index2ans": {
+        "A": "red", "B": "blue"}, "answer": letter}} for letter in "AB"]
+    path = write_chat_jsonl(tmp_path / "eval.jsonl", rows)
+    # `reasonctl eval --data eval.jsonl` of a run whose data.format is "hf" sets its name;
+    # it was looked up on the Hub (a ConnectionError traceback offline)
+    dataset = build_hf_dataset(HfConfig(name=str(path)))
+    assert [s.meta["qa_pairs"]["answer"] for s in dataset.samples] == ["A", "B"]
+    assert dataset.samples[0].source == f"{path}[train]:0"
