@@ -134,3 +134,12 @@ def test_an_hf_runs_eval_file_is_read_as_data_files(tmp_path: Path, clip: Path) 
     dataset = build_hf_dataset(HfConfig(name=str(path)))
     assert [s.meta["qa_pairs"]["answer"] for s in dataset.samples] == ["A", "B"]
     assert dataset.samples[0].source == f"{path}[train]:0"
+
+
+def test_data_check_of_a_missing_data_file_is_a_config_error(tmp_path: Path) -> None:
+    config = tmp_path / "sft.toml"
+    config.write_text(f'[model]\nname_or_path = "tiny-random-vl"\n[data]\nformat = "jsonl"\n'
+                      f'[data.jsonl]\npath = "{tmp_path / "gone.jsonl"}"\n')
+    code, output = cli(["data", "check", "--config", str(config)])
+    assert code == 2, output  # as `reasonctl run` and `config validate` report it
+    assert f"data.jsonl.path: '{tmp_path / 'gone.jsonl'}' does not exist" in output
