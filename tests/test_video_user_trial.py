@@ -101,9 +101,16 @@ def test_llava_rows_give_grpo_rewards_their_answer_as_reference(tmp_path: Path) 
             {"from": "gpt", "value": "Red."}]},
         {"image": "red.png", "reference": "red", "conversations": [
             {"from": "human", "value": "<image>\nColour?"}, {"from": "gpt", "value": "Red."}]},
+        {"image": "red.png", "conversations": [  # Cosmos-Reason SFT answers reason first
+            {"from": "human", "value": "<image>\nColour?"},
+            {"from": "gpt",
+             "value": "<think>\nIt looks red.\n</think>\n\n<answer>\nred\n</answer>"}]},
     ])
-    first, second = build_llava_dataset(LlavaConfig(path=str(path))).samples
+    first, second, third = build_llava_dataset(LlavaConfig(path=str(path))).samples
     assert (first.reference, second.reference) == ("Red.", "red")  # a given reference wins
+    assert third.reference == "red"
+    assert exact_match_judgement("<answer>red</answer>", third.reference,
+                                 ExactMatchConfig()).score == 1.0
     # without it every reward returned None: GRPO trained on nothing, with only a warning
     assert exact_match_judgement("red.", first.reference, ExactMatchConfig()).score == 1.0
 

@@ -29,8 +29,9 @@ Content is a string or a list of parts: ``{"type": "text", "text": ...}``,
 ``<image>``/``<video>`` tags in the text in order, or, when the text has no tags, go before
 the text of the first user message; a top-level file that the conversation already holds
 is used once, with a :class:`DuplicateMediaWarning`. ``reference`` and ``meta`` are kept
-(a conversation without ``reference`` that ends with an assistant turn has that turn's text
-as its reference, so RL rewards and evaluation judge LLaVA-style rows against it);
+(a conversation without ``reference`` that ends with an assistant turn has that turn's
+``<answer>`` block, or its whole text, as its reference, so RL rewards and evaluation judge
+LLaVA-style rows against it);
 any other top-level key is added to ``meta`` (e.g. ``choices``, ``qa_pairs`` or ``id``).
 """
 
@@ -306,7 +307,7 @@ def sample_from_record(record: Any, media: MediaResolver) -> Sample:
         messages = parse_messages(record[key], media, key)
         reference = record.get("reference")
         if reference is None and messages and messages[-1].role == "assistant":
-            reference = messages[-1].text.strip() or None  # what RL rewards judge against
+            reference = _final_answer(messages[-1].text)
     elif record.get("prompt") is not None:
         messages, reference = _prompt_answer_messages(record, media)
     elif record.get("qa_pairs") is not None:
@@ -328,6 +329,16 @@ def sample_from_record(record: Any, media: MediaResolver) -> Sample:
         raise RowProblem(f"'meta' must be an object (got {meta!r})")
     extra = {k: v for k, v in record.items() if k not in KNOWN_KEYS}
     return Sample(messages, reference=reference, meta={**extra, **meta})
+
+
+def _final_answer(text: str) -> str | None:
+    """What RL rewards and evaluation judge a conversation's answer against: the last
+    ``<answer>`` block of its final assistant turn (Cosmos-Reason SFT answers reason in
+    ``<think>`` first), else the turn's whole text."""
+    from reasonctl.rewards.answers import extract_tagged
+
+    tagged = extract_tagged(text, "answer")
+    return (tagged if tagged is not None else text).strip() or None
 
 
 JSON_TEXT_KEYS = ("messages", "conversations", "qa_pairs")
