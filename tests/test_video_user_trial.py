@@ -150,3 +150,25 @@ def test_data_check_of_a_missing_data_file_is_a_config_error(tmp_path: Path) -> 
     code, output = cli(["data", "check", "--config", str(config)])
     assert code == 2, output  # as `reasonctl run` and `config validate` report it
     assert f"data.jsonl.path: '{tmp_path / 'gone.jsonl'}' does not exist" in output
+
+
+def test_a_row_that_stops_a_run_while_encoding_says_how_to_skip_it(tmp_path: Path) -> None:
+    from reasonctl.core.types import ContentPart, Message, Sample
+    from reasonctl.sdk.api import run
+
+    def chat(question: str, answer: str | None) -> Sample:
+        turns = [Message("user", [ContentPart("text", text=question)])]
+        if answer is not None:
+            turns.append(Message("assistant", [ContentPart("text", text=answer)]))
+        return Sample(turns, source=f"rows.jsonl:{len(question)}")
+
+    config = {"run": {"output_dir": str(tmp_path), "seed": 0},
+              "train": {"lr": 1e-3, "max_steps": 1, "global_batch_size": 2,
+                        "micro_batch_size": 2},
+              "data": {"shuffle": False}, "backend": {"name": "single", "device": "cpu"},
+              "logging": {"loggers": []}, "checkpoint": {"export_final": False}}
+    # found when the batch is encoded (as an unreadable video or an over-long prompt is),
+    # not when the file is read: the error named the row but not the way to go on
+    with pytest.raises(DataError, match=r'rows.jsonl:3: no assistant turn .* \(set '
+                                        r'data.on_bad_row = "skip" to skip bad rows\)'):
+        run(config, datasets=[chat("1+1", None), chat("2+2?", "4")])
