@@ -172,3 +172,37 @@ def test_a_row_that_stops_a_run_while_encoding_says_how_to_skip_it(tmp_path: Pat
     with pytest.raises(DataError, match=r'rows.jsonl:3: no assistant turn .* \(set '
                                         r'data.on_bad_row = "skip" to skip bad rows\)'):
         run(config, datasets=[chat("1+1", None), chat("2+2?", "4")])
+
+
+def test_evaluations_before_and_after_grpo_do_not_share_a_results_dir() -> None:
+    # the video quickstart evaluates outputs/quickstart_video_sft/export/final, then
+    # outputs/quickstart_video_grpo/export/final, on one eval.jsonl: both went to
+    # outputs/eval/eval, the second overwriting the first's predictions
+    from reasonctl.evaluation.locations import default_results_dir, model_label
+
+    sft, grpo = ("outputs/quickstart_video_sft/export/final",
+                 "outputs/quickstart_video_grpo/export/final/")
+    assert default_results_dir(None, sft) == Path("outputs/eval/quickstart_video_sft-final")
+    assert default_results_dir(None, grpo) == Path("outputs/eval/quickstart_video_grpo-final")
+    assert model_label("tiny-random-vl") == "tiny-random-vl"
+    assert model_label("/models/Cosmos-Reason1-7B") == "Cosmos-Reason1-7B"
+    assert default_results_dir("results", sft) == Path("results")  # eval.results_dir wins
+
+
+def test_eval_data_without_output_writes_under_the_models_name(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    runs = tmp_path / "outputs"
+    for run in ("sft", "grpo"):
+        shutil.copytree(tiny_model_dir, runs / run / "export" / "final")
+    data = write_chat_jsonl(tmp_path / "eval.jsonl", [{"prompt": "Q?", "reference": "A",
+                                                        "choices": ["p", "q"]}])
+    monkeypatch.chdir(tmp_path)
+    for run in ("sft", "grpo"):
+        code, output = cli(["eval", "--model", f"outputs/{run}/export/final", "--data",
+                            str(data), "--set", "eval.max_new_tokens=2"])
+        assert code == 0, output
+    for run in ("sft", "grpo"):
+        assert (tmp_path / "outputs" / "eval" / f"{run}-final" / "eval" /
+                "predictions.jsonl").is_file()
