@@ -206,3 +206,30 @@ def test_eval_data_without_output_writes_under_the_models_name(
     for run in ("sft", "grpo"):
         assert (tmp_path / "outputs" / "eval" / f"{run}-final" / "eval" /
                 "predictions.jsonl").is_file()
+
+
+def test_cosmos_rl_grpo_keys_point_to_reasonctl_keys(tmp_path: Path) -> None:
+    from reasonctl.core.config import load_config
+    from reasonctl.core.errors import ConfigError
+    from reasonctl.core.plugins import PluginHost
+
+    path = tmp_path / "rl.toml"  # the GRPO keys of cosmos-rl's post-training guide
+    path.write_text('[policy]\nmodel_gradient_checkpointing = true\n'
+                    '[rollout.parallelism]\ntp_size = 2\n'
+                    '[train.train_policy]\nrollout_batch_size = 32\nkl_penalty = 0.01\n'
+                    '[grpo]\nnum_samples_per_prompt = 4\n')
+    with pytest.raises(ConfigError) as caught:
+        load_config(str(path), registry=PluginHost.load().registry)
+    problems = "\n".join(caught.value.problems)
+    for expected in (
+        "model_gradient_checkpointing -> model.gradient_checkpointing",
+        # the rollout's tensor parallelism is the engine's, not the trainer's backend
+        "rollout.parallelism: unknown key; cosmos-rl's 'parallelism' is reasonctl's "
+        "rollout.vllm.tensor_parallel_size",
+        "tp_size -> rollout.vllm.tensor_parallel_size",
+        "rollout_batch_size -> algorithm.grpo.prompts_per_step",
+        "kl_penalty -> algorithm.grpo.kl_beta",
+        "grpo: unknown key; cosmos-rl's 'grpo' is reasonctl's [algorithm.grpo]",
+        "num_samples_per_prompt -> rollout.n",
+    ):
+        assert expected in problems, problems

@@ -102,7 +102,8 @@ def _message(loc: Loc, errors: list[dict[str, Any]], model: type[BaseModel],
     if first["type"] == "extra_forbidden":
         siblings = sorted({*known_keys(model, loc[:-1]), *(extra_keys if len(loc) == 1 else ())})
         close = did_you_mean(str(loc[-1]), siblings)
-        foreign = foreign_key_hint(str(loc[-1]), first.get("input"))
+        foreign = foreign_key_hint(str(loc[-1]), first.get("input"),
+                                   ".".join(map(str, loc)))
         message = "unknown key" + (f"; {foreign}" if foreign else
                                    f"; did you mean {close!r}?" if close else "")
         return message + (f" (valid keys: {', '.join(siblings)})" if siblings else "")
