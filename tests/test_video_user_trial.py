@@ -254,3 +254,27 @@ def test_readme_video_quickstart_checks_data_with_models_that_exist() -> None:
             assert values["model"]["name_or_path"] in written, line
         if " run " in line:
             written.add(f"{values['run']['output_dir']}/export/final")
+
+
+def test_grpo_stops_when_no_prompt_of_the_data_encodes(tmp_path: Path) -> None:
+    from reasonctl.sdk.api import run
+
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"not a video" * 20)
+    rows = [{"video": str(broken), "qa_pairs": {"question": f"Colour {i}?", "index2ans": {
+        "A": "red", "B": "blue"}, "answer": "A"}} for i in range(3)]
+    data = write_chat_jsonl(tmp_path / "rl.jsonl", rows)
+    config = {"run": {"output_dir": str(tmp_path / "out")},
+              "model": {"name_or_path": "tiny-random-vl", "max_length": 128},
+              "data": {"format": "jsonl", "on_bad_row": "skip", "jsonl": {"path": str(data)}},
+              "algorithm": {"name": "grpo", "grpo": {"prompts_per_step": 2}},
+              "rollout": {"n": 2, "max_new_tokens": 2}, "train": {"max_steps": 3},
+              "rewards": {"components": [{"name": "choice"}]},
+              "backend": {"name": "single", "device": "cpu"}, "logging": {"loggers": []},
+              "checkpoint": {"export_final": False}}
+    # every step skipped its update and the run "completed" with the starting weights
+    with pytest.raises(DataError, match=r"no prompt of the data set could be encoded \(all 3 "
+                                        r"rows read were skipped as bad\)"):
+        run(config)
+    listed = (tmp_path / "out" / "skipped_rows.jsonl").read_text().splitlines()
+    assert len(listed) == 3
