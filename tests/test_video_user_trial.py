@@ -217,7 +217,8 @@ def test_cosmos_rl_grpo_keys_point_to_reasonctl_keys(tmp_path: Path) -> None:
     path.write_text('[policy]\nmodel_gradient_checkpointing = true\n'
                     '[rollout.parallelism]\ntp_size = 2\n'
                     '[train.train_policy]\nrollout_batch_size = 32\nkl_penalty = 0.01\n'
-                    '[grpo]\nnum_samples_per_prompt = 4\n')
+                    '[grpo]\nnum_samples_per_prompt = 4\n'
+                    '[data]\nformat = "llava"\n[data.llava]\nmedia_path = "coco"\n')
     with pytest.raises(ConfigError) as caught:
         load_config(str(path), registry=PluginHost.load().registry)
     problems = "\n".join(caught.value.problems)
@@ -231,6 +232,8 @@ def test_cosmos_rl_grpo_keys_point_to_reasonctl_keys(tmp_path: Path) -> None:
         "kl_penalty -> algorithm.grpo.kl_beta",
         "grpo: unknown key; cosmos-rl's 'grpo' is reasonctl's [algorithm.grpo]",
         "num_samples_per_prompt -> rollout.n",
+        "data.llava.media_path: unknown key; cosmos-rl's 'media_path' is reasonctl's "
+        "data.llava.media_root",
     ):
         assert expected in problems, problems
 

@@ -77,6 +77,9 @@ def foreign_key_hint(key: str, value: Any = None, path: str = "") -> str | None:
     config gave it: for a table, its keys get hints too; ``path`` is its dotted location,
     for the keys whose meaning depends on it); ``None`` for other keys."""
     target = COSMOS_RL_PATHS.get(path) or COSMOS_RL_KEYS.get(key)
+    parts = path.split(".")
+    if target and len(parts) == 3 and parts[0] == "data":  # [data.llava] media_path
+        target = target.replace("data.<format>", f"data.{parts[1]}")
     inner = list(_nested_hints(value, "", path))
     if target is None and not inner:
         return None
