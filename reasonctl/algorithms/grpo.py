@@ -67,6 +67,7 @@ from reasonctl.algorithms.policy_batch import (
     policy_rows,
     store_completion_logprobs,
 )
+from reasonctl.algorithms.prompt_guard import PromptsEncode
 from reasonctl.algorithms.rollouts import (
     collect_groups,
     completion_metrics,
@@ -189,6 +190,7 @@ class GRPO:
         self.micro_batch_size = 1
         self.feed: RolloutFeed | None = None
         self._warned_unscored = False
+        self._encodes = PromptsEncode()
 
     # --- Algorithm protocol ---------------------------------------------------------------
 
@@ -307,7 +309,9 @@ class GRPO:
             wanted = per_rank - len(out.kept) if backend.world_size == 1 else per_rank
             samples = self._next_samples(ctx, wanted * backend.world_size, backend)
             generate_started = time.perf_counter()
+            drawn = len(samples)
             samples, encoded = encode_prompts(ctx, samples, mcq_layout=cfg.mcq_layout)
+            self._encodes.check(ctx, backend, drawn=drawn, encoded=len(samples))
             encoded, completions = generate_completions(
                 ctx, samples, seed=step_seed(ctx, round_index), encoded=encoded
             )

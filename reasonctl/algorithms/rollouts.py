@@ -144,7 +144,7 @@ def encode_prompts(
     "skip"``: then it is recorded (:meth:`RunContext.record_skipped_row`) and left out.
     """
     from reasonctl.core.errors import DataError
-    from reasonctl.data.rows import split_problem
+    from reasonctl.data.rows import split_problem, stopping_error
 
     processor = ctx.processor
     if processor is None:
@@ -156,7 +156,7 @@ def encode_prompts(
             encoded.append(processor.encode_prompt(sample, mcq_layout=mcq_layout))
         except DataError as exc:
             if ctx.config.data.on_bad_row != "skip":
-                raise
+                raise stopping_error(exc) from exc
             ctx.record_skipped_row(*split_problem(exc, sample.source))
             continue
         kept.append(sample)

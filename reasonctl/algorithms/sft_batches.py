@@ -28,7 +28,7 @@ from reasonctl.core.errors import DataError
 from reasonctl.core.protocols import Processor
 from reasonctl.data.collate import collate
 from reasonctl.data.processing import EncodedSample
-from reasonctl.data.rows import split_problem
+from reasonctl.data.rows import split_problem, stopping_error
 
 PREFETCH_STEPS = 2
 """Steps prepared ahead of the one training."""
@@ -206,7 +206,7 @@ class StepBatches:
                 item = self.encode(sample)
             except DataError as exc:
                 if not self.skip_bad_rows:
-                    raise
+                    raise stopping_error(exc) from exc
                 self._reports.append(split_problem(exc, getattr(sample, "source", "")))
                 skipped += 1
                 encoded.append(None)

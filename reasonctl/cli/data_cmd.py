@@ -30,9 +30,14 @@ def check_command(
     """Read every row and media file of the run's data: counts, token lengths, truncations
     and every bad row as file:line: reason. Exits 1 when a row is bad, 2 on config errors."""
     from reasonctl.cli import common
+    from reasonctl.core.config.preflight import data_path_problems
+    from reasonctl.core.errors import ConfigError
     from reasonctl.data.check import check_data
 
     cfg = common.load(config, set_, common.flag_values(algo=algo))
+    problems = data_path_problems(cfg)
+    if problems:  # as `reasonctl run` reports them before it loads anything (exit 2)
+        raise ConfigError(problems)
     report = check_data(cfg, common.host().registry, workers=workers)
     for line in report.lines():
         typer.echo(line)

@@ -27,7 +27,8 @@ def eval_command(
     )] = None,
     output: Annotated[Path | None, typer.Option(
         "--output", "--results-dir",
-        help="Results directory (default outputs/eval/<data name>, or eval.results_dir).",
+        help="Results directory (default <eval.results_dir or outputs/eval/<model>>/<data "
+        "name> with --data, eval.results_dir or outputs/eval/<model> for benchmarks).",
     )] = None,
     max_samples: Annotated[int | None, typer.Option("--max-samples", min=1)] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Default eval.seed.")] = None,
@@ -74,6 +75,9 @@ def eval_command(
         answer_format=answer_format, max_samples=max_samples,
         seed=run_config.eval.seed if seed is None else seed,
     )
-    directory = write_report(report, output or Path("outputs") / "eval" / Path(data).stem)
+    from reasonctl.evaluation.locations import default_results_dir
+
+    directory = write_report(report, output or default_results_dir(
+        run_config.eval.results_dir, model) / Path(data).stem)
     console.print(accuracy_table(report))
     console.print(f"predictions: {directory / 'predictions.jsonl'}", highlight=False)

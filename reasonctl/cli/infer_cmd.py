@@ -58,7 +58,7 @@ def infer_command(
     and writes it to ``--output``.
     """
     from reasonctl.cli import common
-    from reasonctl.core.errors import DataError
+    from reasonctl.core.errors import DataError, UsageError
     from reasonctl.core.protocols import StreamsText
     from reasonctl.core.types import ContentPart, Message, Sample, SamplingParams
     from reasonctl.data.formats.media_options import MediaOptions
@@ -75,7 +75,7 @@ def infer_command(
     for kind, path in (("image", image), ("video", video)):
         if path is not None:
             if not path.is_file():
-                raise DataError(f"--{kind} {path}: no such file (cwd: {Path.cwd()})")
+                raise UsageError(f"--{kind} {path}: no such file (cwd: {Path.cwd()})")
             parts.append(ContentPart(kind, path=str(path),  # type: ignore[arg-type]
                                      max_pixels=max_pixels,
                                      fps=fps if kind == "video" else None))
@@ -93,7 +93,11 @@ def infer_command(
     if system_prompt:
         messages.insert(0, Message("system", [ContentPart("text", text=system_prompt)]))
     engine, processor = load_engine(model, run_config, common.host().registry)
-    encoded = processor.encode_prompt(Sample(messages, source="--prompt"))
+    flags = [f"--{kind}" for kind, path in (("image", image), ("video", video)) if path]
+    try:
+        encoded = processor.encode_prompt(Sample(messages, source="/".join(flags or ["--prompt"])))
+    except DataError as exc:  # a file that is no image/video, a prompt over model.max_length
+        raise UsageError(str(exc)) from exc
     params = SamplingParams(
         temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
         stop=list(run_config.rollout.stop),

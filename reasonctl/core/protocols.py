@@ -97,13 +97,19 @@ class RunContext:
     stop_signal: str | None = None
     skipped_row_reports: list[tuple[str, str]] = field(default_factory=list)
     """``(file:line, reason)`` of the rows recorded by :meth:`record_skipped_row`."""
+    _recorded_rows: set[tuple[str, str]] = field(default_factory=set, repr=False)
 
     def record_skipped_row(self, where: str, reason: str) -> None:
         """Count a malformed row skipped under ``data.on_bad_row = "skip"``, print it (the
         first :data:`SHOWN_SKIPPED_ROWS`) and append it to this rank's
-        ``skipped_rows.jsonl``."""
+        ``skipped_rows.jsonl``. A row skipped again (drawn in a later epoch, or by a retry)
+        is neither counted nor listed twice, so the list is the data's bad rows, as
+        ``reasonctl data check`` names them."""
         import json
 
+        if (where, reason) in self._recorded_rows:
+            return
+        self._recorded_rows.add((where, reason))
         self.skipped_rows += 1
         self.skipped_row_reports.append((where, reason))
         if len(self.skipped_row_reports) <= SHOWN_SKIPPED_ROWS:

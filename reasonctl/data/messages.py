@@ -16,7 +16,8 @@ Accepted record layouts (see :func:`sample_from_record`):
 - multiple choice as in Cosmos-Reason RL data: ``{"qa_pairs": {"question": ...,
   "index2ans": {"A": ...}, "answer": "A"}, "video": ...}`` (no prompt: the question is the
   user's text; the options are lettered in when the prompt is encoded, see
-  :mod:`reasonctl.data.prompting`).
+  :mod:`reasonctl.data.prompting`; null options are dropped and the answer must name an
+  option, see :mod:`reasonctl.data.qa_pairs`).
 
 ``messages``, ``conversations`` and ``qa_pairs`` may also be JSON text (as some Hugging
 Face datasets store them).
@@ -27,7 +28,10 @@ Content is a string or a list of parts: ``{"type": "text", "text": ...}``,
 ``image``/``images``/``video``/``videos`` fields (a path or a list of paths) fill
 ``<image>``/``<video>`` tags in the text in order, or, when the text has no tags, go before
 the text of the first user message; a top-level file that the conversation already holds
-is used once, with a :class:`DuplicateMediaWarning`. ``reference`` and ``meta`` are kept;
+is used once, with a :class:`DuplicateMediaWarning`. ``reference`` and ``meta`` are kept
+(a conversation without ``reference`` that ends with an assistant turn has that turn's
+``<answer>`` block, or its whole text, as its reference, so RL rewards and evaluation judge
+LLaVA-style rows against it);
 any other top-level key is added to ``meta`` (e.g. ``choices``, ``qa_pairs`` or ``id``).
 """
 
@@ -302,10 +306,16 @@ def sample_from_record(record: Any, media: MediaResolver) -> Sample:
         key = "messages" if record.get("messages") is not None else "conversations"
         messages = parse_messages(record[key], media, key)
         reference = record.get("reference")
+        if reference is None and messages and messages[-1].role == "assistant":
+            reference = _final_answer(messages[-1].text)
     elif record.get("prompt") is not None:
         messages, reference = _prompt_answer_messages(record, media)
     elif record.get("qa_pairs") is not None:
-        messages, reference = _qa_pairs_messages(record["qa_pairs"]), record.get("reference")
+        from reasonctl.data.qa_pairs import read_qa_pairs
+
+        record["qa_pairs"] = layout = read_qa_pairs(record["qa_pairs"])
+        messages = [Message("user", [ContentPart("text", text=layout["question"].strip())])]
+        reference = record.get("reference")
     else:
         raise RowProblem(
             "row has neither 'messages' (or 'conversations'), 'prompt' nor 'qa_pairs'; keys "
@@ -321,6 +331,16 @@ def sample_from_record(record: Any, media: MediaResolver) -> Sample:
     return Sample(messages, reference=reference, meta={**extra, **meta})
 
 
+def _final_answer(text: str) -> str | None:
+    """What RL rewards and evaluation judge a conversation's answer against: the last
+    ``<answer>`` block of its final assistant turn (Cosmos-Reason SFT answers reason in
+    ``<think>`` first), else the turn's whole text."""
+    from reasonctl.rewards.answers import extract_tagged
+
+    tagged = extract_tagged(text, "answer")
+    return (tagged if tagged is not None else text).strip() or None
+
+
 JSON_TEXT_KEYS = ("messages", "conversations", "qa_pairs")
 """Keys whose value may be JSON text that holds the list or object."""
 
@@ -333,20 +353,6 @@ def _from_json_text(key: str, value: Any) -> Any:
     except json.JSONDecodeError as exc:
         raise RowProblem(f"{key!r} is text that is not valid JSON: {exc.msg} at column "
                          f"{exc.colno}") from None
-
-
-def _qa_pairs_messages(raw: Any) -> list[Message]:
-    """The user turn of a ``qa_pairs`` row: its question (options come at encoding)."""
-    layout = raw[0] if isinstance(raw, list) and raw else raw
-    if not isinstance(layout, Mapping):
-        raise RowProblem(f"'qa_pairs' must be an object {{question, index2ans, answer}} or a "
-                         f"list of them (got {raw!r})")
-    question = layout.get("question")
-    if not isinstance(question, str) or not question.strip():
-        raise RowProblem(f"'qa_pairs' has no question text (keys: {', '.join(layout)})")
-    if layout.get("answer") is None:
-        raise RowProblem("'qa_pairs' has no 'answer' (the correct option's letter or text)")
-    return [Message("user", [ContentPart("text", text=question.strip())])]
 
 
 def _answer_content(value: Any, media: MediaResolver) -> list[ContentPart]:

@@ -37,9 +37,11 @@ def option_lines(options: Mapping[str, str]) -> str:
 
 
 def lettered(options: Sequence[Any] | Mapping[str, Any]) -> dict[str, str]:
-    """Options as a letter -> text dict (a list is lettered A, B, C ... in order)."""
+    """Options as a letter -> text dict (a list is lettered A, B, C ... in order). A dict's
+    null options are left out (a Hugging Face struct column gives every row every letter,
+    null where a row has fewer options)."""
     if isinstance(options, Mapping):
-        return {str(k).strip().upper(): str(v) for k, v in options.items()}
+        return {str(k).strip().upper(): str(v) for k, v in options.items() if v is not None}
     if len(options) > len(LETTERS):
         raise ValueError(f"at most {len(LETTERS)} options can be lettered (got {len(options)})")
     return {LETTERS[i]: str(v) for i, v in enumerate(options)}

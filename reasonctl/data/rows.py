@@ -26,6 +26,15 @@ if TYPE_CHECKING:
     from reasonctl.core.protocols import RunContext
 
 
+SKIP_HINT = '(set data.on_bad_row = "skip" to skip bad rows)'
+"""What ends the error of a bad row that stops a run."""
+
+
+def stopping_error(error: DataError) -> DataError:
+    """``error`` of a bad row as it stops a run: with :data:`SKIP_HINT` added (once)."""
+    return error if SKIP_HINT in str(error) else DataError(f"{error} {SKIP_HINT}")
+
+
 @dataclass(frozen=True)
 class RowOptions:
     """The format-independent ``[data]`` options a dataset format applies while reading.
@@ -191,10 +200,7 @@ def build_samples(
             sample.source = row.source
         except RowProblem as exc:
             if options.on_bad_row == "error":
-                raise DataError(
-                    f"{exc.source or row.source}: {exc} (set data.on_bad_row = \"skip\" to "
-                    "skip bad rows)"
-                ) from None
+                raise DataError(f"{exc.source or row.source}: {exc} {SKIP_HINT}") from None
             skipped.append((exc.source or row.source, str(exc)))
             continue
         samples.append(sample)

@@ -34,6 +34,13 @@ from reasonctl.core.types import ContentPart
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 MAX_ASPECT_RATIO = 200
+UNREADABLE_HINT = {
+    "image": "check that it is a complete image file (PIL opens PNG, JPEG, WebP ...), "
+             "convert it or leave the row out",
+    "video": "check that it is a complete video file (ffprobe FILE says what is wrong), "
+             "re-encode it (ffmpeg -i FILE -c:v libx264 fixed.mp4) or leave the row out",
+}
+"""What to do about a media file that cannot be decoded."""
 
 
 def smart_resize(
@@ -341,8 +348,10 @@ class VisionProcessor:
             except DataError:
                 raise
             except Exception as exc:
+                reason = getattr(exc, "strerror", None) or exc  # PyAV's repeats the path
                 raise DataError(
-                    f"{source}: cannot read {part.type} {part.path}: {exc}"
+                    f"{source}: cannot read {part.type} {part.path}: {reason}; "
+                    f"{UNREADABLE_HINT[part.type]}"
                 ) from exc
             counts.append(grid[0] * grid[1] * grid[2] // self.merge_size**2)
         tensors: dict[str, torch.Tensor] = {}

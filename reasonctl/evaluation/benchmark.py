@@ -31,6 +31,7 @@ from reasonctl.core.composition import build_dataset, build_rollout_engine
 from reasonctl.core.errors import ConfigError, ReasonctlError
 from reasonctl.core.types import Sample
 from reasonctl.evaluation.answers import AnswerScorer, evaluation_sample
+from reasonctl.evaluation.locations import default_results_dir
 from reasonctl.evaluation.scoring import Prediction, sampling_for_eval, score_samples
 
 if TYPE_CHECKING:
@@ -91,8 +92,8 @@ def run_benchmarks(
         raise ConfigError(["eval.datasets: no benchmarks; add [[eval.datasets]] entries with "
                            "name and path, or pass --data FILE"])
     model_name = model or config.model.name_or_path
-    directory = Path(results_dir or config.eval.results_dir
-                     or Path("outputs") / "eval" / Path(model_name.rstrip("/")).name)
+    directory = (Path(results_dir) if results_dir
+                 else default_results_dir(config.eval.results_dir, model_name))
     ctx = evaluation_context(config, registry, model=model)
     report = BenchmarkReport(model=model_name, results_dir=directory)
     engine = None

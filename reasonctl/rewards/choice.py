@@ -131,7 +131,7 @@ def _layout(sample: Sample) -> Mapping[str, Any] | None:
 
 def _options(raw: Any, letters: str) -> dict[str, str]:
     if isinstance(raw, Mapping):
-        return {str(k).strip().upper(): str(v) for k, v in raw.items()}
+        return {str(k).strip().upper(): str(v) for k, v in raw.items() if v is not None}
     if isinstance(raw, (list, tuple)):
         return {letter: str(option) for letter, option in zip(letters, raw, strict=False)}
     return {}

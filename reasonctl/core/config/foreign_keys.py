@@ -21,6 +21,7 @@ COSMOS_RL_KEYS: dict[str, str] = {
     "subset": "data.hf.subset",
     "train_policy": "[algorithm.sft] / [algorithm.grpo] and [data]",
     "model_max_length": "model.max_length",
+    "model_gradient_checkpointing": "model.gradient_checkpointing",
     # model and run
     "policy": "[model] (model.name_or_path ...) and [backend]",
     "model_name_or_path": "model.name_or_path",
@@ -54,7 +55,12 @@ COSMOS_RL_KEYS: dict[str, str] = {
     "tp_size": "backend.megatron.tp (or backend.fsdp.tp)",
     "pp_size": "backend.megatron.pp",
     # RL
+    "grpo": "[algorithm.grpo] (with algorithm.name = 'grpo')",
     "n_generation": "rollout.n",
+    "num_samples_per_prompt": "rollout.n",
+    "rollout_batch_size": "algorithm.grpo.prompts_per_step",
+    "kl_penalty": "algorithm.grpo.kl_beta",
+    "mu_iterations": "algorithm.grpo.ppo_epochs",
     "max_response_length": "rollout.max_new_tokens",
     "mini_batch": "algorithm.grpo.mini_batches (algorithm.flow_grpo.mini_batches for a "
                   "diffusion model)",
@@ -74,19 +80,31 @@ COSMOS_RL_KEYS: dict[str, str] = {
 }
 """cosmos-rl key (its last segment) -> where the setting lives in reasonctl."""
 
+COSMOS_RL_PATHS: dict[str, str] = {
+    "rollout.parallelism": "rollout.vllm.tensor_parallel_size (or "
+                           "rollout.workers.tensor_parallel for separate workers)",
+    "rollout.parallelism.tp_size": "rollout.vllm.tensor_parallel_size",
+}
+"""cosmos-rl keys whose meaning depends on their table (dotted path -> reasonctl's key);
+looked up before :data:`COSMOS_RL_KEYS` (``tp_size`` of the rollout is not the trainer's)."""
 
-def foreign_key_hint(key: str, value: Any = None,
+
+def foreign_key_hint(key: str, value: Any = None, path: str = "",
                      section_keys: Mapping[str, str] | None = None) -> str | None:
     """The hint for an unknown ``key`` that cosmos-rl users write (``value`` is what the
-    config gave it: for a table, its keys get hints too); ``None`` for other keys.
+    config gave it: for a table, its keys get hints too; ``path`` is its dotted location,
+    for the keys whose meaning depends on it); ``None`` for other keys.
 
     ``section_keys`` are the hints of the section the key is in (a config model's
     ``foreign_keys``: ``{"their key": "what to write here instead"}``); they win over the
     general ones, since a key's meaning can depend on the section."""
     if section_keys and key in section_keys:
         return f"for {key!r} write {section_keys[key]}"
-    target = COSMOS_RL_KEYS.get(key)
-    inner = list(_nested_hints(value, ""))
+    target = COSMOS_RL_PATHS.get(path) or COSMOS_RL_KEYS.get(key)
+    parts = path.split(".")
+    if target and len(parts) == 3 and parts[0] == "data":  # [data.llava] media_path
+        target = target.replace("data.<format>", f"data.{parts[1]}")
+    inner = list(_nested_hints(value, "", path))
     if target is None and not inner:
         return None
     text = f"cosmos-rl's {key!r} is reasonctl's {target}" if target else \
@@ -96,13 +114,14 @@ def foreign_key_hint(key: str, value: Any = None,
     return text
 
 
-def _nested_hints(value: Any, prefix: str) -> list[str]:
+def _nested_hints(value: Any, prefix: str, base: str = "") -> list[str]:
     if not isinstance(value, Mapping):
         return []
     out = []
     for key, inner in value.items():
         path = f"{prefix}{key}"
-        if key in COSMOS_RL_KEYS:
-            out.append(f"{path} -> {COSMOS_RL_KEYS[key]}")
-        out += _nested_hints(inner, f"{path}.")
+        target = COSMOS_RL_PATHS.get(f"{base}.{path}") or COSMOS_RL_KEYS.get(key)
+        if target:
+            out.append(f"{path} -> {target}")
+        out += _nested_hints(inner, f"{path}.", base)
     return out

@@ -68,6 +68,18 @@ def preflight_problems(config: RunConfig, registry: Registry, *,
     return [redact_text(problem) for problem in problems]
 
 
+def data_path_problems(config: RunConfig) -> list[str]:
+    """The selected data format's input paths that are missing or of the wrong kind, worded
+    as :func:`preflight_problems` words them (for commands that read the data but run
+    nothing, such as ``reasonctl data check``)."""
+    options = config.component_config("data", config.data.format)
+    if not isinstance(options, BaseModel):
+        return []
+    prefix = f"data.{config.data.format}"
+    return [redact_text(p) for p in
+            _input_path_problems(prefix, options, type(options).model_fields)]
+
+
 # --- marked input paths ----------------------------------------------------------------------
 
 

@@ -104,6 +104,7 @@ def _message(loc: Loc, errors: list[dict[str, Any]], model: type[BaseModel],
         close = did_you_mean(str(loc[-1]), siblings)
         section = model_at(model, loc[:-1])
         foreign = foreign_key_hint(str(loc[-1]), first.get("input"),
+                                   ".".join(map(str, loc)),
                                    getattr(section, "foreign_keys", None))
         message = "unknown key" + (f"; {foreign}" if foreign else
                                    f"; did you mean {close!r}?" if close else "")

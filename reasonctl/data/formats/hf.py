@@ -5,7 +5,7 @@ Where the data comes from, in order of precedence:
 - ``data_files``: local JSON/JSONL/CSV/Parquet/Arrow files (the builder follows the
   extension);
 - ``name`` pointing at a directory written by ``Dataset.save_to_disk`` (or
-  ``DatasetDict.save_to_disk``);
+  ``DatasetDict.save_to_disk``), or at one data file (read as ``data_files``);
 - ``name`` pointing at any other local directory of data files, or a dataset on the Hub
   (``subset`` picks its configuration; downloads use the usual Hugging Face cache).
 
@@ -140,6 +140,10 @@ def _load_split(datasets: Any, config: HfConfig) -> tuple[Any, str, Path, int]:
     from reasonctl.core.errors import DataError
 
     split_name = SPLIT_PATTERN.match(config.split).group("name")  # type: ignore[union-attr]
+    if config.data_files is None and config.name is not None \
+            and Path(config.name).expanduser().is_file():
+        # a data file given as the name (also `reasonctl eval --data file` of an hf run)
+        config = config.model_copy(update={"data_files": config.name, "name": None})
     if config.data_files is not None:
         files = _file_list(config.data_files)
         suffixes = {Path(f).suffix.lower() for f in files}
@@ -177,10 +181,11 @@ def _load_split(datasets: Any, config: HfConfig) -> tuple[Any, str, Path, int]:
         table = datasets.load_dataset(
             config.name, config.subset, split=config.split, revision=config.revision
         )
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, ConnectionError) as exc:
         raise DataError(
             f"data.hf: cannot load dataset {config.name!r} (subset {config.subset!r}, split "
-            f"{config.split!r}): {exc}"
+            f"{config.split!r}): {exc}; a local dataset is a save_to_disk directory, a "
+            "folder of data files or a file (data_files)"
         ) from exc
     base = local if local.is_dir() else Path.cwd()
     return table, f"{config.name}[{split_name}]", base, _split_start(config.split)
