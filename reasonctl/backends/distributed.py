@@ -88,16 +88,32 @@ def init_process_group(device: torch.device) -> ProcessGroupInfo:
 
 
 def mean_over_processes(values: dict[str, float], device: torch.device) -> dict[str, float]:
-    """Scalar ``values`` averaged over every process of the job. For values that the
-    ranks of a tensor/pipeline-parallel group share this is the mean over data-parallel
-    ranks. Every process must pass the same keys."""
+    """Scalar ``values`` averaged over every process of the job; a key ending in ``/max``
+    takes the largest value of any process and one ending in ``/min`` the smallest (the
+    mean of per-rank maxima is no maximum). For values that the ranks of a
+    tensor/pipeline-parallel group share this is over data-parallel ranks. Every process
+    must pass the same keys."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return {k: float(v) for k, v in values.items()}
-    keys = sorted(values)
-    tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor)
-    tensor /= dist.get_world_size()
-    return dict(zip(keys, tensor.tolist(), strict=True))
+    out: dict[str, float] = {}
+    for reduction, keys in _keys_by_reduction(values).items():
+        tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64,
+                              device=device)
+        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, reduction))
+        if reduction == "SUM":
+            tensor /= dist.get_world_size()
+        out.update(zip(keys, tensor.tolist(), strict=True))
+    return out
+
+
+def _keys_by_reduction(values: dict[str, float]) -> dict[str, list[str]]:
+    """Sorted keys of ``values`` per reduction (``SUM`` for a mean, ``MAX``, ``MIN``; the
+    same on every process), empty ones left out so that no collective runs for nothing."""
+    groups: dict[str, list[str]] = {"SUM": [], "MAX": [], "MIN": []}
+    for key in sorted(values):
+        reduction = "MAX" if key.endswith("/max") else "MIN" if key.endswith("/min") else "SUM"
+        groups[reduction].append(key)
+    return {reduction: keys for reduction, keys in groups.items() if keys}
 
 
 def barrier_all() -> None:
