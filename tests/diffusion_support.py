@@ -68,3 +68,22 @@ def run_config(out: Path, model: Path, *, algorithm: str = "flow_grpo", steps: i
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The run's ``metrics.jsonl`` rows."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def launch_run(values: dict[str, Any], config_file: Path, processes: int, *,
+               timeout: float = 900) -> str:
+    """``reasonctl run --nproc-per-node processes`` on ``values`` written to ``config_file``
+    (one thread per process); it must exit 0. Returns what it printed."""
+    import os
+    import subprocess
+    import sys
+
+    import tomli_w
+
+    config_file.write_text(tomli_w.dumps(values))
+    command = [sys.executable, "-m", "reasonctl", "run", "--nproc-per-node", str(processes),
+               "--config", str(config_file)]
+    proc = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc.stdout + proc.stderr

@@ -6,7 +6,6 @@ Qwen2.5-VL language tower with images, LoRA adapters on Qwen2), and the fsdp bac
 from __future__ import annotations
 
 import os
-import socket
 import warnings
 from pathlib import Path
 from typing import Any
@@ -15,14 +14,9 @@ import pytest
 import torch
 
 from reasonctl.core.types import ContentPart, Message, Sample
+from tests.gloo_workers import gloo_group, run_gloo_workers
 
 TEMPERATURE = 0.7
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _load(model_dir: str) -> Any:
@@ -83,10 +77,7 @@ def _outputs(model_dir: str, batch: dict[str, torch.Tensor], group: Any = None,
 def _worker(rank: int, world: int, port: int, cases_path: str, result_path: str) -> None:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         cases = torch.load(cases_path, weights_only=True)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -97,9 +88,6 @@ def _worker(rank: int, world: int, port: int, cases_path: str, result_path: str)
         results["warnings"] = [str(w.message) for w in caught]
         if rank == 0:
             torch.save(results, result_path)
-        dist.barrier()  # no rank tears down its gloo threads while a peer still talks
-    finally:
-        dist.destroy_process_group()
 
 
 def _chat(prompt: str, answer: str, image: Path | None = None) -> Sample:
@@ -157,20 +145,9 @@ def cases(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dic
 @pytest.mark.parametrize("world", [2, 4])
 def test_split_sequences_match_the_whole_model(world: int, cases: dict[str, Any],
                                                tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
-
     cases_path, result_path = tmp_path / "cases.pt", tmp_path / "result.pt"
     torch.save(cases, cases_path)
-    context = mp.get_context("spawn")
-    port = _free_port()
-    workers = [context.Process(target=_worker,
-                               args=(r, world, port, str(cases_path), str(result_path)))
-               for r in range(world)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=300)
-    assert all(w.exitcode == 0 for w in workers), [w.exitcode for w in workers]
+    run_gloo_workers(_worker, world, str(cases_path), str(result_path))
     results = torch.load(result_path, weights_only=True)
     # the collectives are the current ones (a user sees no deprecation notice each step)
     assert not [w for w in results["warnings"] if "torch.distributed" in w], results["warnings"]

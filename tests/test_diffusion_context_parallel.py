@@ -5,8 +5,6 @@ Wan, SD3 and Cosmos transformers return the whole model's velocity and weight gr
 
 from __future__ import annotations
 
-import os
-import socket
 import warnings
 from pathlib import Path
 from typing import Any
@@ -14,7 +12,13 @@ from typing import Any
 import pytest
 import torch
 
-from tests.diffusion_support import metrics, run_config, tiny_pipelines  # noqa: F401
+from tests.diffusion_support import (  # noqa: F401
+    launch_run,
+    metrics,
+    run_config,
+    tiny_pipelines,
+)
+from tests.gloo_workers import gloo_group, run_gloo_workers
 
 # (family, latent shape [C, T, h, w] or [C, h, w], conditioning latent frames, gradient
 # checkpointing: blocks recomputed in the backward pass)
@@ -23,12 +27,6 @@ CASES = {
     "sd3": ("sd3", (4, 8, 6), 0, False),             # 4 x 3 = 12 image tokens + text tokens
     "cosmos_frames": ("cosmos", (4, 3, 4, 4), 1, True),  # per-token timestep modulation
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _outputs(model_dir: str, shape: tuple[int, ...], frames: int, checkpointing: bool,
@@ -73,10 +71,7 @@ def _outputs(model_dir: str, shape: tuple[int, ...], frames: int, checkpointing:
 def _worker(rank: int, world: int, port: int, dirs: dict[str, str], result_path: str) -> None:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             results: dict[str, Any] = {name: _outputs(dirs[family], *case, dist.group.WORLD)
@@ -84,27 +79,14 @@ def _worker(rank: int, world: int, port: int, dirs: dict[str, str], result_path:
         results["warnings"] = [str(w.message) for w in caught]
         if rank == 0:
             torch.save(results, result_path)
-        dist.barrier()  # no rank tears down its gloo threads while a peer still talks
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.distributed
 def test_split_transformers_match_the_whole_ones(tiny_pipelines: dict[str, Path],  # noqa: F811
                                                  tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
-
     dirs = {family: str(path) for family, path in tiny_pipelines.items()}
     result_path = tmp_path / "result.pt"
-    context = mp.get_context("spawn")
-    port = _free_port()
-    workers = [context.Process(target=_worker, args=(r, 2, port, dirs, str(result_path)))
-               for r in range(2)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=300)
-    assert all(w.exitcode == 0 for w in workers), [w.exitcode for w in workers]
+    run_gloo_workers(_worker, 2, dirs, str(result_path))
     results = torch.load(result_path, weights_only=True)
     # the collectives are the current ones (a user sees no deprecation notice each step)
     assert not [w for w in results["warnings"] if "torch.distributed" in w], results["warnings"]
@@ -144,10 +126,7 @@ def test_runs_with_cp_pair_follow_one_process(
     half of the latent tokens; rewards, losses, KL to the adapters-off reference (FlowGRPO
     on the Wan video model with LoRA), the data loss (DDRL on SD3, full fine-tune) and
     gradient norms follow the one-process run."""
-    import subprocess
-    import sys
 
-    import tomli_w
 
     import reasonctl
     from tests.diffusion_support import write_video_text
@@ -167,14 +146,8 @@ def test_runs_with_cp_pair_follow_one_process(
     reasonctl.run(config(tmp_path / "single"))
     pair = config(tmp_path / "cp2")
     pair["backend"] = {"name": "fsdp", "device": "cpu", "fsdp": {"cp": 2}}
-    config_file = tmp_path / "cp2.toml"
-    config_file.write_text(tomli_w.dumps(pair))
-    command = [sys.executable, "-m", "reasonctl", "run", "--nproc-per-node", "2",
-               "--config", str(config_file)]
-    proc = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "latent tokens split over cp=2" in proc.stdout + proc.stderr
+    output = launch_run(pair, tmp_path / "cp2.toml", 2)
+    assert "latent tokens split over cp=2" in output
     one, two = metrics(tmp_path / "single"), metrics(tmp_path / "cp2")
     assert len(two) == len(one) == 2
     keys = ["reward/mean", "loss", "grad_norm"]
@@ -194,10 +167,7 @@ def test_dp_shard_pair_times_cp_pair_follows_one_process(
     """Four processes, ``dp_shard = 2`` x ``cp = 2`` (FlowGRPO, Wan video model, LoRA):
     each data-parallel pair of ranks samples half of the prompts, splitting their latent
     tokens; rewards, losses, KL and gradient norms follow the one-process run."""
-    import subprocess
-    import sys
 
-    import tomli_w
 
     import reasonctl
 
@@ -208,15 +178,8 @@ def test_dp_shard_pair_times_cp_pair_follows_one_process(
     reasonctl.run(config(tmp_path / "single"))
     mesh = config(tmp_path / "dpcp")
     mesh["backend"] = {"name": "fsdp", "device": "cpu", "fsdp": {"dp_shard": 2, "cp": 2}}
-    config_file = tmp_path / "dpcp.toml"
-    config_file.write_text(tomli_w.dumps(mesh))
-    command = [sys.executable, "-m", "reasonctl", "run", "--nproc-per-node", "4",
-               "--config", str(config_file)]
-    proc = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "latent tokens split over cp=2 ranks; data parallel over 2 group(s)" in (
-        proc.stdout + proc.stderr)
+    output = launch_run(mesh, tmp_path / "dpcp.toml", 4, timeout=1200)
+    assert "latent tokens split over cp=2 ranks; data parallel over 2 group(s)" in output
     one, four = metrics(tmp_path / "single"), metrics(tmp_path / "dpcp")
     assert len(four) == len(one) == 2
     for key in ("reward/mean", "loss", "kl", "grad_norm"):

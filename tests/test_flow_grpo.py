@@ -16,6 +16,7 @@ import reasonctl
 from reasonctl import hookimpl
 from reasonctl.core.errors import ConfigError
 from tests.diffusion_support import (  # noqa: F401
+    launch_run,
     metrics,
     run_config,
     tiny_pipelines,
@@ -378,10 +379,7 @@ def test_two_process_fsdp_samples_and_learns_like_one_process(
         tmp_path: Path, tiny_pipelines: dict[str, Path]) -> None:  # noqa: F811
     """Per-sample noise streams make the two ranks' share of the samples the single
     process's: rewards agree, and so do the updates (up to float summation order)."""
-    import subprocess
-    import sys
 
-    import tomli_w
 
     single = run_config(tmp_path / "single", tiny_pipelines["sd3"], steps=2, kl_beta=0.1,
                         lora={"rank": 4, "alpha": 4})
@@ -390,13 +388,7 @@ def test_two_process_fsdp_samples_and_learns_like_one_process(
                              lora={"rank": 4, "alpha": 4, "export": "adapter"})
     distributed["backend"]["name"] = "fsdp"
     distributed["checkpoint"] = {"every_steps": 2, "export_final": True}
-    config = tmp_path / "fsdp.toml"
-    config.write_text(tomli_w.dumps(distributed))
-    command = [sys.executable, "-m", "reasonctl", "run", "--nproc-per-node", "2",
-               "--config", str(config)]
-    proc = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    launch_run(distributed, tmp_path / "fsdp.toml", 2)
     one, two = metrics(tmp_path / "single"), metrics(tmp_path / "fsdp")
     for key in ("reward/mean", "loss", "kl", "grad_norm"):
         assert [r[key] for r in two] == pytest.approx([r[key] for r in one], rel=1e-3,

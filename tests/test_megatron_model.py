@@ -13,8 +13,6 @@ in three places these tests work around (the backend itself runs on CUDA only):
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,7 @@ from reasonctl.backends.megatron.convert import (
     merge_tp,
 )
 from reasonctl.backends.megatron.logprobs import vocab_parallel_logprobs
+from tests.gloo_workers import gloo_group, run_gloo_workers
 
 VOCAB = 300
 
@@ -164,55 +163,54 @@ def test_packed_batch_matches_separate_rows(world_of_one: Any) -> None:
 # --- tensor parallelism over two gloo processes -------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _tp_worker(rank: int, world: int, port: int, arch: str, result_path: str) -> None:
+    from megatron.core import parallel_state
+
+    with gloo_group(rank, world, port):
+        try:
+            _tp_outputs(rank, arch, result_path)
+        finally:
+            parallel_state.destroy_model_parallel()
 
 
-def _tp_worker(rank: int, port: int, arch: str, result_path: str) -> None:
+def _tp_outputs(rank: int, arch: str, result_path: str) -> None:
+    """Rank ``rank``'s log-probs, entropy and gradients of the TP=2 model; rank 0 saves
+    them with the gathered gradients and the gradient norm."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        parallel_state.initialize_model_parallel(2, 1)
-        _cpu_workarounds()
-        group = parallel_state.get_tensor_model_parallel_group()
-        hf_config = _configs()[arch]
-        hf = _hf_model(hf_config)
-        shape = ModelShape.from_hf_config(hf_config)
-        model = _megatron_model(hf_config, hf.state_dict(), ParallelLayout(2, rank))
-        batch = _batch()
-        prepared = prepare(batch)
-        logits = model(prepared.tokens, prepared.position_ids, prepared.attention_mask)
-        per_rank = shape.padded_vocab_size // 2
-        out = vocab_parallel_logprobs(
-            logits[:, :-1], prepared.tokens[:, 1:], vocab_start=rank * per_rank,
-            vocab_size=VOCAB, group=group, group_size=2, temperature=0.7, with_entropy=True)
-        logprobs = prepared.restore(out.logprobs)
-        entropy = prepared.restore(out.entropy)
-        targets = (batch["attention_mask"][:, 1:] * batch["attention_mask"][:, :-1]).float()
-        ((logprobs - 0.1 * entropy) * targets).sum().backward()
-        # the gradient norm as megatron's optimizers compute it: TP duplicates counted once
-        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+    parallel_state.initialize_model_parallel(2, 1)
+    _cpu_workarounds()
+    group = parallel_state.get_tensor_model_parallel_group()
+    hf_config = _configs()[arch]
+    hf = _hf_model(hf_config)
+    shape = ModelShape.from_hf_config(hf_config)
+    model = _megatron_model(hf_config, hf.state_dict(), ParallelLayout(2, rank))
+    batch = _batch()
+    prepared = prepare(batch)
+    logits = model(prepared.tokens, prepared.position_ids, prepared.attention_mask)
+    per_rank = shape.padded_vocab_size // 2
+    out = vocab_parallel_logprobs(
+        logits[:, :-1], prepared.tokens[:, 1:], vocab_start=rank * per_rank,
+        vocab_size=VOCAB, group=group, group_size=2, temperature=0.7, with_entropy=True)
+    logprobs = prepared.restore(out.logprobs)
+    entropy = prepared.restore(out.entropy)
+    targets = (batch["attention_mask"][:, 1:] * batch["attention_mask"][:, :-1]).float()
+    ((logprobs - 0.1 * entropy) * targets).sum().backward()
+    # the gradient norm as megatron's optimizers compute it: TP duplicates counted once
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-        squares = sum((p.grad.double() ** 2).sum() for p in model.parameters()
-                      if param_is_not_tensor_parallel_duplicate(p))
-        dist.all_reduce(squares, group=parallel_state.get_model_parallel_group())
-        grads = {}  # gradients gathered over TP and mapped to Hugging Face names
-        for name, param in model.named_parameters():
-            parts = [torch.empty_like(param.grad) for _ in range(2)]
-            dist.all_gather(parts, param.grad.contiguous(), group=group)
-            grads.update(megatron_to_hf_tensors(name, merge_tp(name, parts), shape))
-        if rank == 0:
-            torch.save({"logprobs": logprobs.detach(), "entropy": entropy.detach(),
-                        "grads": grads, "grad_norm": float(squares.sqrt())}, result_path)
-        dist.barrier()  # no rank tears down its gloo threads while a peer still talks
-    finally:
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
+    squares = sum((p.grad.double() ** 2).sum() for p in model.parameters()
+                  if param_is_not_tensor_parallel_duplicate(p))
+    dist.all_reduce(squares, group=parallel_state.get_model_parallel_group())
+    grads = {}  # gradients gathered over TP and mapped to Hugging Face names
+    for name, param in model.named_parameters():
+        parts = [torch.empty_like(param.grad) for _ in range(2)]
+        dist.all_gather(parts, param.grad.contiguous(), group=group)
+        grads.update(megatron_to_hf_tensors(name, merge_tp(name, parts), shape))
+    if rank == 0:
+        torch.save({"logprobs": logprobs.detach(), "entropy": entropy.detach(),
+                    "grads": grads, "grad_norm": float(squares.sqrt())}, result_path)
 
 
 @pytest.mark.distributed
@@ -220,17 +218,8 @@ def _tp_worker(rank: int, port: int, arch: str, result_path: str) -> None:
 def test_tensor_parallel_model_matches_transformers_with_gradients(arch: str, tmp_path: Path
                                                                    ) -> None:
     """TP=2: log-probs, entropy (temperature 0.7), every weight gradient and the norm match."""
-    import torch.multiprocessing as mp
-
-    context = mp.get_context("spawn")
-    port = _free_port()
     path = str(tmp_path / "result.pt")
-    workers = [context.Process(target=_tp_worker, args=(r, port, arch, path)) for r in (0, 1)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=300)
-    assert all(w.exitcode == 0 for w in workers), [w.exitcode for w in workers]
+    run_gloo_workers(_tp_worker, 2, arch, path)
     result = torch.load(path)
 
     hf_config = _configs()[arch]
