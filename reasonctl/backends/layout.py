@@ -65,11 +65,7 @@ def megatron_layout_problems(processes: int, *, tp: int, pp: int, vpp: int, devi
             f"buffers are CUDA-only) and backend.device is {device!r} on a machine "
             f"{'with' if cuda_present() else 'without'} CUDA; use --backend fsdp "
             "(backend.fsdp.tp for tensor parallelism) on CPU")
-    if processes % (tp * pp):
-        problems.append(
-            f"backend.megatron: tp ({tp}) x pp ({pp}) = {tp * pp} does not divide the "
-            f"{processes} processes; lower tp or pp so that their product is one of "
-            f"{divisors(processes)}, or launch a multiple of {tp * pp} processes")
+    problems += model_parallel_problems(processes, tp=tp, pp=pp)
     problems += model_split_problems(model, "backend.megatron.tp", tp)
     layers = (model or {}).get("num_hidden_layers")
     if isinstance(layers, int) and layers % (pp * vpp):
@@ -78,6 +74,15 @@ def megatron_layout_problems(processes: int, *, tp: int, pp: int, vpp: int, devi
             f"split into pp x vpp = {pp * vpp} equal stages; use a pp x vpp among "
             f"{divisors(layers)}")
     return problems
+
+
+def model_parallel_problems(processes: int, *, tp: int, pp: int) -> list[str]:
+    """The problem of megatron's ``tp x pp`` not dividing ``processes``, if it does not."""
+    if processes % (tp * pp) == 0:
+        return []
+    return [f"backend.megatron: tp ({tp}) x pp ({pp}) = {tp * pp} does not divide the "
+            f"{processes} processes; lower tp or pp so that their product is one of "
+            f"{divisors(processes)}, or launch a multiple of {tp * pp} processes"]
 
 
 def model_split_problems(model: dict[str, Any] | None, key: str, tp: int) -> list[str]:

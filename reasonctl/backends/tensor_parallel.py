@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from reasonctl.backends.layout import model_split_problems
 from reasonctl.core.errors import ConfigError
 
 COLUMN_WISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
@@ -34,12 +35,9 @@ def check_tensor_parallel(config: Any, tp: int) -> None:
         or getattr(config, "num_attention_heads", None),
         "intermediate_size": getattr(config, "intermediate_size", None),
     }
-    for name, value in sizes.items():
-        if value is None:
-            problems.append(f"the model config has no {name}; tensor parallelism needs it")
-        elif value % tp:
-            problems.append(f"backend.fsdp.tp = {tp} does not divide the model's {name} "
-                            f"({value}); choose a tp that divides it")
+    problems += [f"the model config has no {name}; tensor parallelism needs it"
+                 for name, value in sizes.items() if value is None]
+    problems += model_split_problems(sizes, "backend.fsdp.tp", tp)
     if problems:
         raise ConfigError(problems)
 

@@ -7,6 +7,7 @@ parallelism takes whatever ``tp x pp`` leaves.
 
 from __future__ import annotations
 
+from reasonctl.backends.layout import model_parallel_problems
 from reasonctl.backends.megatron.model import ModelParallelSizes
 from reasonctl.backends.megatron.weights import ParallelGroups
 from reasonctl.core.errors import ConfigError
@@ -14,14 +15,10 @@ from reasonctl.core.errors import ConfigError
 
 def check_sizes(sizes: ModelParallelSizes, world_size: int) -> int:
     """The data-parallel size ``world / (tp x pp)``; a config error when it does not divide."""
-    model_parallel = sizes.tp * sizes.pp
-    if world_size % model_parallel:
-        raise ConfigError([
-            f"backend.megatron: tp ({sizes.tp}) x pp ({sizes.pp}) = {model_parallel} must divide "
-            f"the number of processes ({world_size}); launch a multiple of {model_parallel} "
-            "processes (--nproc-per-node) or lower tp/pp"
-        ])
-    return world_size // model_parallel
+    problems = model_parallel_problems(world_size, tp=sizes.tp, pp=sizes.pp)
+    if problems:
+        raise ConfigError(problems)
+    return world_size // (sizes.tp * sizes.pp)
 
 
 def initialize(sizes: ModelParallelSizes, *, seed: int) -> ParallelGroups:
