@@ -11,6 +11,11 @@ backend's log-probs (``[B, T-1]``: position ``t`` scores token ``t + 1``). Typic
     batches = [collate_policy_rows(chunk, ctx.processor.pad_id)
                for chunk in chunked(rows, ctx.config.train.micro_batch_size)]
     metrics = ctx.backend.train_step(batches, loss_fn)
+
+A backend that runs shared-prompt rows (:class:`~reasonctl.core.protocols.RunsSharedPrompts`)
+takes :func:`shared_prompt_micro_batches` instead: each micro-batch holds whole prompts with
+their completions, the prompt once (:mod:`reasonctl.models.shared_prompt`), up to a token
+budget rather than a row count; the per-row tensors a loss reads are laid out as above.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch
 from reasonctl.core.types import Completion, PolicyBatch, RolloutGroup
 from reasonctl.data.collate import collate_shared_media
 from reasonctl.data.processing import PER_TOKEN_EXTRAS, EncodedSample
+from reasonctl.models.shared_prompt import SharedPromptInputs, SharedPromptLayout
 
 if TYPE_CHECKING:
     from reasonctl.core.protocols import TokenOutputs
@@ -104,7 +110,104 @@ def collate_policy_rows(rows: Sequence[PolicyRow], pad_id: int) -> PolicyBatch:
     backend runs the vision tower once per prompt
     (:func:`~reasonctl.data.collate.collate_shared_media`)."""
     batch: Any = collate_shared_media([r.encoded for r in rows], pad_id)
-    width = batch["input_ids"].shape[1] - 1
+    _add_row_tensors(batch, rows, batch["input_ids"].shape[1] - 1)
+    return batch
+
+
+SHARED_PROMPT_KEY = "shared_prompt"
+"""The batch key holding a shared-prompt batch's model inputs (:class:`SharedPromptInputs`)."""
+
+
+def shared_prompt_micro_batches(rows: Sequence[PolicyRow], pad_id: int, *, budget: int
+                                ) -> list[tuple[list[PolicyRow], PolicyBatch]]:
+    """Micro-batches of whole prompts with their completions, each at most ``budget``
+    tokens (a unit larger than that on its own goes alone), with the rows each holds.
+
+    A unit is a prompt followed by completions of its group (:mod:`~reasonctl.models.
+    shared_prompt`); a group whose prompt and completions exceed ``budget`` is split into
+    several units, each with the prompt. Rows keep their order within a group; groups keep
+    their order of first appearance.
+    """
+    if budget <= 0:
+        raise ValueError(f"the micro-batch token budget must be positive (got {budget})")
+    groups: dict[int, list[PolicyRow]] = {}
+    for row in rows:
+        groups.setdefault(row.group, []).append(row)
+    units: list[list[PolicyRow]] = []
+    for members in groups.values():
+        prompt_len = members[0].prompt_len
+        unit: list[PolicyRow] = []
+        size = prompt_len
+        for row in members:
+            if unit and size + row.completion_len > budget:
+                units.append(unit)
+                unit, size = [], prompt_len
+            unit.append(row)
+            size += row.completion_len
+        units.append(unit)
+    out: list[tuple[list[PolicyRow], PolicyBatch]] = []
+    chosen: list[list[PolicyRow]] = []
+    size = 0
+    for unit in units:
+        tokens = unit[0].prompt_len + sum(r.completion_len for r in unit)
+        if chosen and size + tokens > budget:
+            out.append(_shared_prompt_batch(chosen, pad_id))
+            chosen, size = [], 0
+        chosen.append(unit)
+        size += tokens
+    if chosen:
+        out.append(_shared_prompt_batch(chosen, pad_id))
+    return out
+
+
+def _shared_prompt_batch(units: list[list[PolicyRow]], pad_id: int
+                         ) -> tuple[list[PolicyRow], PolicyBatch]:
+    """One micro-batch: the per-row tensors of :func:`collate_policy_rows` (padded
+    ``input_ids`` and ``loss_mask``, no model inputs) and the packed row under
+    :data:`SHARED_PROMPT_KEY`."""
+    rows = [r for unit in units for r in unit]
+    width = max(len(r.encoded.input_ids) for r in rows)
+    shape = (len(rows), width)
+    batch: Any = {"input_ids": torch.full(shape, pad_id, dtype=torch.long),
+                  "loss_mask": torch.zeros(shape, dtype=torch.long)}
+    for i, row in enumerate(rows):
+        length = len(row.encoded.input_ids)
+        batch["input_ids"][i, :length] = torch.tensor(row.encoded.input_ids)
+        batch["loss_mask"][i, :length] = torch.tensor(row.encoded.loss_mask)
+    ids: list[int] = []
+    per_token: dict[str, list[torch.Tensor]] = {}
+    media: dict[str, list[torch.Tensor]] = {}
+    token_keys = sorted({k for r in rows for k in r.encoded.extras if k in PER_TOKEN_EXTRAS})
+    for unit in units:
+        first = unit[0]
+        prompt = first.encoded.input_ids[: first.prompt_len]
+        if any(r.encoded.input_ids[: r.prompt_len] != prompt for r in unit[1:]):
+            raise ValueError(f"the rows of group {first.group} do not share one prompt")
+        ids += prompt
+        for key in token_keys:
+            value = first.encoded.extras.get(key)
+            part = (value[: first.prompt_len] if value is not None
+                    else torch.zeros(first.prompt_len, dtype=torch.long))
+            per_token.setdefault(key, []).append(part)
+        for row in unit:
+            ids += row.completion.token_ids
+            for key in token_keys:
+                per_token[key].append(torch.zeros(row.completion_len, dtype=torch.long))
+        for key, value in first.encoded.extras.items():
+            if key not in PER_TOKEN_EXTRAS:
+                media.setdefault(key, []).append(value)
+    extras = {k: torch.cat(v).unsqueeze(0) for k, v in per_token.items()}
+    extras.update({k: torch.cat(v, dim=0) for k, v in media.items()})
+    layout = SharedPromptLayout.build(
+        [(u[0].prompt_len, [r.completion_len for r in u]) for u in units], width - 1)
+    batch[SHARED_PROMPT_KEY] = SharedPromptInputs(torch.tensor([ids], dtype=torch.long),
+                                                  layout, extras)
+    _add_row_tensors(batch, rows, width - 1)
+    return rows, batch
+
+
+def _add_row_tensors(batch: Any, rows: Sequence[PolicyRow], width: int) -> None:
+    """The per-row tensors a policy loss reads (see :func:`collate_policy_rows`)."""
     batch["advantages"] = torch.tensor([r.advantage for r in rows], dtype=torch.float32)
     batch["engine_logprobs"] = aligned(
         rows, [torch.tensor(r.completion.logprobs) for r in rows], width
@@ -114,7 +217,6 @@ def collate_policy_rows(rows: Sequence[PolicyRow], pad_id: int) -> PolicyBatch:
         values = [getattr(r, key) for r in rows]
         if all(v is not None for v in values):
             batch[key] = aligned(rows, values, width)
-    return batch
 
 
 def aligned(rows: Sequence[PolicyRow], values: Sequence[Any], width: int) -> torch.Tensor:

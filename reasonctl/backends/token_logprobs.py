@@ -11,6 +11,11 @@ Alignment (shared with :mod:`reasonctl.data.processing`): ``logprobs[b, t]`` is
 With context parallelism (:mod:`reasonctl.backends.context_parallel`) the decoder returns
 the hidden states of this rank's chunks of the sequence; their tokens are scored here and
 gathered into the same ``[B, T - 1]`` result on every rank of the group.
+
+A shared-prompt batch (its model inputs under ``batch["shared_prompt"]``, see
+:func:`reasonctl.algorithms.policy_batch.shared_prompt_micro_batches`) runs as one packed
+row holding each prompt once (:mod:`reasonctl.models.shared_prompt`); only completion
+tokens are scored, and the result has the same ``[B, T - 1]`` layout.
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ from torch import nn
 
 from reasonctl.backends.lm_head import linear_token_logprobs
 from reasonctl.models.packed_positions import is_packed_media_batch, packed_rope_positions
+from reasonctl.models.shared_prompt import LAYOUT_KWARG, SharedPromptInputs, rope_positions
+from reasonctl.models.shared_prompt_attention import (
+    enable_shared_prompt_attention,
+    masks_skipped,
+)
 from reasonctl.models.shared_media import (
     accepts_encoder_outputs,
     per_row_media_inputs,
@@ -76,6 +86,10 @@ class TokenLogprobModel(nn.Module):
         """Log-probs and entropy (``None`` unless asked) of ``batch["input_ids"][:, 1:]``."""
         if temperature <= 0:
             raise ValueError(f"temperature must be positive (got {temperature})")
+        shared = batch.get("shared_prompt")
+        if shared is not None:
+            return self._shared_prompt_forward(shared, batch["loss_mask"].device,
+                                               with_entropy, temperature)
         decoder = decoder_of(self.hf_model)
         inputs = {k: v for k, v in batch.items() if k in self._input_names}
         if "use_cache" in self._input_names:
@@ -121,6 +135,41 @@ class TokenLogprobModel(nn.Module):
         # view its root returns would skip the view's backward hook
         return (plan.gather(outputs.logprobs)[:, :width].clone(),
                 plan.gather(entropy)[:, :width].clone() if entropy is not None else None)
+
+
+    def _shared_prompt_forward(self, packed: SharedPromptInputs, device: torch.device,
+                               with_entropy: bool, temperature: float
+                               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropy) of a shared-prompt batch in the padded ``[B, T - 1]``
+        layout of its rows."""
+        if self.context_parallel is not None:
+            raise ValueError("shared-prompt batches do not run with context parallelism")
+        enable_shared_prompt_attention(self.hf_model)
+        decoder = decoder_of(self.hf_model)
+        packed = packed.to(device)
+        layout = packed.layout
+        inputs: dict[str, Any] = {"input_ids": packed.input_ids, LAYOUT_KWARG: layout}
+        inputs.update({k: v for k, v in packed.extras.items() if k in self._input_names})
+        if "use_cache" in self._input_names:
+            inputs["use_cache"] = False
+        if hasattr(decoder, "get_rope_index"):  # Qwen-VL: text positions, then 3D rotary
+            text = torch.arange(layout.length, device=device).unsqueeze(0)
+            inputs["position_ids"] = torch.cat(
+                [text, rope_positions(decoder, packed)]).unsqueeze(1)
+        else:
+            inputs["position_ids"] = layout.text_positions().to(device).unsqueeze(0)
+        with masks_skipped():
+            hidden = decoder(**inputs).last_hidden_state[0]
+        head = self.hf_model.get_output_embeddings()
+        outputs = chunked_token_logprobs(
+            hidden.index_select(0, layout.score_index).unsqueeze(0),
+            packed.input_ids[0].index_select(0, layout.target_index).unsqueeze(0),
+            head.weight, getattr(head, "bias", None), temperature=temperature,
+            with_entropy=with_entropy, chunk_tokens=self.chunk_tokens,
+        )
+        entropy = outputs.entropy
+        return (layout.spread(outputs.logprobs[0]),
+                layout.spread(entropy[0]) if entropy is not None else None)
 
 
 def decoder_of(hf_model: nn.Module) -> nn.Module:
