@@ -165,7 +165,8 @@ def test_layout_places_prompt_keys_before_each_completion() -> None:
     assert layout.key_index.tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 5, 6, 7, 6, 7, 8]
     assert layout.score_index.tolist() == [2, 3, 2, 7]  # each completion's first token: prompt end
     assert layout.target_index.tolist() == [3, 4, 5, 8]
-    assert layout.output_index.tolist() == [2, 3, 2 * 6 + 2, 3 * 6 + 1]
+    assert layout.output_rows.tolist() == [0, 0, 2, 3]
+    assert layout.output_columns.tolist() == [2, 3, 2, 1]
     assert layout.text_positions().tolist() == [0, 1, 2, 3, 4, 3, 0, 1, 2]
 
 
@@ -179,3 +180,39 @@ def test_reference_attention_sees_the_prompt_and_its_own_past_only() -> None:
     whole = torch.nn.functional.scaled_dot_product_attention(
         keys.transpose(0, 1), keys.transpose(0, 1), keys.transpose(0, 1), is_causal=True)
     torch.testing.assert_close(out, whole.transpose(0, 1)[4:])
+
+
+def test_micro_batches_split_to_the_count_every_rank_runs(tmp_path: Path) -> None:
+    _, processor = _load("tiny-random")
+    rows = _rows(processor, _samples("tiny-random", tmp_path), group=4)
+    budget = 10_000
+    assert len(shared_prompt_micro_batches(rows, processor.pad_id, budget=budget)) == 1
+    for count in (2, 3, 5, len(rows)):
+        batches = shared_prompt_micro_batches(rows, processor.pad_id, budget=budget,
+                                              count=count)
+        assert len(batches) == count
+        assert sorted(id(r) for rs, _ in batches for r in rs) == sorted(id(r) for r in rows)
+    with pytest.raises(ValueError, match="cannot make"):
+        shared_prompt_micro_batches(rows, processor.pad_id, budget=budget,
+                                    count=len(rows) + 1)
+
+
+@pytest.mark.parametrize("alias", ["tiny-random-vl", "tiny-random-qwen3-vl"])
+def test_vision_tower_through_varlen_attention_equals_its_sdpa_loop(alias: str,
+                                                                    tmp_path: Path) -> None:
+    from reasonctl.models.varlen_attention import (
+        VISION_ATTENTION_NAME,
+        enable_vision_varlen_attention,
+    )
+
+    model, processor = _load(alias)
+    prompt = processor.encode_prompt(_samples(alias, tmp_path)[0])
+    pixels, grid = prompt.extras["pixel_values_videos"], prompt.extras["video_grid_thw"]
+    base = model.model
+    with torch.no_grad():
+        want = base.get_video_features(pixels, grid, return_dict=True).pooler_output
+        assert enable_vision_varlen_attention(model)
+        assert base.visual.config._attn_implementation == VISION_ATTENTION_NAME
+        got = base.get_video_features(pixels, grid, return_dict=True).pooler_output
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

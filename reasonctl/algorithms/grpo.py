@@ -65,6 +65,7 @@ from reasonctl.algorithms.policy_batch import (
     chunked,
     collate_policy_rows,
     policy_rows,
+    shared_prompt_micro_batches,
     store_completion_logprobs,
 )
 from reasonctl.algorithms.prompt_guard import PromptsEncode
@@ -89,7 +90,11 @@ from reasonctl.algorithms.sample_order import (
 )
 from reasonctl.core.config import ConfigWarning
 from reasonctl.core.errors import ConfigError, ReasonctlError
-from reasonctl.core.protocols import SupportsReferenceModel, streams_samples
+from reasonctl.core.protocols import (
+    SupportsReferenceModel,
+    shared_prompt_problem,
+    streams_samples,
+)
 from reasonctl.core.types import Metrics, RolloutGroup, Sample
 
 if TYPE_CHECKING:
@@ -189,6 +194,8 @@ class GRPO:
         self.temperature = 1.0
         self.micro_batch_size = 1
         self.feed: RolloutFeed | None = None
+        self.shared_prompts = False
+        """Whether updates run shared-prompt micro-batches (``update_layout``)."""
         self._warned_unscored = False
         self._encodes = PromptsEncode()
 
@@ -228,6 +235,7 @@ class GRPO:
                                     prompts_per_step=cfg.prompts_per_step,
                                     mcq_layout=cfg.mcq_layout)
             behaviour_cap = workers.importance_cap if workers.max_staleness > 0 else None
+        self.shared_prompts = self._choose_shared_prompts(ctx, backend)
         self.loss_settings = PolicyLossSettings(
             epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
             importance_level=cfg.importance_level, loss_aggregation=cfg.loss_aggregation,
@@ -235,6 +243,20 @@ class GRPO:
             kl_estimator=cfg.kl_estimator, entropy_bonus=cfg.entropy_bonus,
             behaviour_cap=behaviour_cap,
         )
+
+    def _choose_shared_prompts(self, ctx: RunContext, backend: Backend) -> bool:
+        """``update_layout``: shared-prompt micro-batches where the backend runs them."""
+        wanted = self.config.update_layout
+        if wanted == "padded":
+            return False
+        problem = shared_prompt_problem(backend)
+        if problem is None:
+            return True
+        if wanted == "shared_prompt":
+            raise ConfigError([f"algorithm.grpo.update_layout = 'shared_prompt': {problem}; "
+                               "set update_layout = 'padded' (or 'auto')"])
+        logger.info("grpo: padded update rows (%s)", problem)
+        return False
 
     def step(self, ctx: RunContext) -> Metrics:
         """Rollout, score, recompute log-probs, update; return the step's metrics."""
@@ -433,8 +455,7 @@ class GRPO:
                                  "model; set kl_beta = 0")
         temperature = self._train_temperature()
         pad_id = _processor(ctx).pad_id
-        for chunk in chunked(rows, self.micro_batch_size):
-            batch = collate_policy_rows(chunk, pad_id)
+        for chunk, batch in self._micro_batches(backend, rows, pad_id):
             outputs = None
             if not self.on_policy:
                 outputs = backend.token_outputs(batch, with_entropy=True,
@@ -449,6 +470,25 @@ class GRPO:
                 stats.add(batch, outputs.logprobs, outputs.entropy,
                           reference.logprobs if reference is not None else None,
                           self.loss_settings.kl_estimator)
+
+    def _micro_batches(self, backend: Backend, rows: Sequence[PolicyRow], pad_id: int
+                       ) -> list[tuple[list[PolicyRow], PolicyBatch]]:
+        """The rows in micro-batches with the rows each holds: shared-prompt ones under a
+        token budget (the same number on every data-parallel rank), else
+        ``train.micro_batch_size`` padded rows each."""
+        if not self.shared_prompts:
+            return [(chunk, collate_policy_rows(chunk, pad_id))
+                    for chunk in chunked(rows, self.micro_batch_size)]
+        budget = self.config.micro_batch_tokens or (
+            self.micro_batch_size * max(len(r.encoded.input_ids) for r in rows))
+        batches = shared_prompt_micro_batches(rows, pad_id, budget=budget)
+        if backend.world_size == 1:
+            return batches
+        count = backend.all_reduce_mean({"micro_batches/max": float(len(batches))})
+        wanted = int(count["micro_batches/max"])
+        if wanted == len(batches):
+            return batches
+        return shared_prompt_micro_batches(rows, pad_id, budget=budget, count=wanted)
 
     def _train_temperature(self) -> float:
         """The temperature log-probs are computed at: the rollout's (1 for greedy)."""
@@ -494,8 +534,7 @@ class GRPO:
             sequences = mean["sequences"] * backend.world_size
         if tokens == 0:
             return None
-        micro_batches = [collate_policy_rows(chunk, pad_id)
-                         for chunk in chunked(rows, self.micro_batch_size)]
+        micro_batches = [batch for _, batch in self._micro_batches(backend, rows, pad_id)]
         on_policy = self.on_policy
 
         def loss_fn(outputs: TokenOutputs, batch: PolicyBatch) -> tuple[torch.Tensor, Metrics]:

@@ -72,6 +72,19 @@ class GRPOConfig(BaseModel):
         default=True,
         description="Write lettered options (meta choices / qa_pairs) into the prompt.",
     )
+    update_layout: Literal["auto", "shared_prompt", "padded"] = Field(
+        default="auto",
+        description="shared_prompt: each micro-batch holds whole prompts once, each followed "
+        "by its completions (vision tower, positions and the prompt's layers run once per "
+        "prompt; no padding); padded: one padded row per completion, repeating its prompt; "
+        "auto: shared_prompt where the backend and model can run it, else padded.",
+    )
+    micro_batch_tokens: int | None = Field(
+        default=None, gt=0,
+        description="Token budget of a shared-prompt micro-batch (prompts counted once). "
+        "Default: train.micro_batch_size x the longest prompt + completion of the step, the "
+        "tokens of a padded micro-batch.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> GRPOConfig:

@@ -118,7 +118,8 @@ SHARED_PROMPT_KEY = "shared_prompt"
 """The batch key holding a shared-prompt batch's model inputs (:class:`SharedPromptInputs`)."""
 
 
-def shared_prompt_micro_batches(rows: Sequence[PolicyRow], pad_id: int, *, budget: int
+def shared_prompt_micro_batches(rows: Sequence[PolicyRow], pad_id: int, *, budget: int,
+                                count: int | None = None
                                 ) -> list[tuple[list[PolicyRow], PolicyBatch]]:
     """Micro-batches of whole prompts with their completions, each at most ``budget``
     tokens (a unit larger than that on its own goes alone), with the rows each holds.
@@ -126,7 +127,9 @@ def shared_prompt_micro_batches(rows: Sequence[PolicyRow], pad_id: int, *, budge
     A unit is a prompt followed by completions of its group (:mod:`~reasonctl.models.
     shared_prompt`); a group whose prompt and completions exceed ``budget`` is split into
     several units, each with the prompt. Rows keep their order within a group; groups keep
-    their order of first appearance.
+    their order of first appearance. With ``count`` (at least the number the budget needs,
+    at most the number of rows) the largest micro-batches are split until there are exactly
+    ``count``: data-parallel ranks must run the same number of forward passes.
     """
     if budget <= 0:
         raise ValueError(f"the micro-batch token budget must be positive (got {budget})")
@@ -145,19 +148,40 @@ def shared_prompt_micro_batches(rows: Sequence[PolicyRow], pad_id: int, *, budge
             unit.append(row)
             size += row.completion_len
         units.append(unit)
-    out: list[tuple[list[PolicyRow], PolicyBatch]] = []
-    chosen: list[list[PolicyRow]] = []
+    packs: list[list[list[PolicyRow]]] = []
     size = 0
     for unit in units:
-        tokens = unit[0].prompt_len + sum(r.completion_len for r in unit)
-        if chosen and size + tokens > budget:
-            out.append(_shared_prompt_batch(chosen, pad_id))
-            chosen, size = [], 0
-        chosen.append(unit)
+        tokens = _unit_tokens(unit)
+        if not packs or size + tokens > budget:
+            packs.append([])
+            size = 0
+        packs[-1].append(unit)
         size += tokens
-    if chosen:
-        out.append(_shared_prompt_batch(chosen, pad_id))
-    return out
+    if count is not None:
+        if not len(packs) <= count <= len(rows):
+            raise ValueError(f"cannot make {count} micro-batches of {len(rows)} rows under a "
+                             f"budget that needs {len(packs)}")
+        while len(packs) < count:
+            _split_largest(packs)
+    return [_shared_prompt_batch(pack, pad_id) for pack in packs]
+
+
+def _unit_tokens(unit: Sequence[PolicyRow]) -> int:
+    return unit[0].prompt_len + sum(r.completion_len for r in unit)
+
+
+def _split_largest(packs: list[list[list[PolicyRow]]]) -> None:
+    """Split the micro-batch of most tokens that holds more than one row in two."""
+    splittable = [i for i, p in enumerate(packs) if sum(len(u) for u in p) > 1]
+    index = max(splittable, key=lambda i: sum(_unit_tokens(u) for u in packs[i]))
+    pack = packs[index]
+    if len(pack) > 1:
+        half = len(pack) // 2
+        packs[index:index + 1] = [pack[:half], pack[half:]]
+    else:
+        unit = pack[0]
+        half = len(unit) // 2
+        packs[index:index + 1] = [[unit[:half]], [unit[half:]]]
 
 
 def _shared_prompt_batch(units: list[list[PolicyRow]], pad_id: int

@@ -166,6 +166,17 @@ class TorchBackend:
         with swap, torch.no_grad(), self.autocast():  # type: ignore[union-attr]
             return fn(policy, batch)
 
+    def shared_prompt_problem(self) -> str | None:
+        """Why shared-prompt batches cannot run (``None`` when they can; see
+        :class:`~reasonctl.core.protocols.RunsSharedPrompts`)."""
+        from reasonctl.models.shared_prompt_attention import shared_prompt_problem
+
+        if self.diffusion is not None or not isinstance(self.policy, TokenLogprobModel):
+            return "the model is not a language model"
+        if self.policy.context_parallel is not None:
+            return "context parallelism (backend.fsdp.cp > 1) splits every row"
+        return shared_prompt_problem(self.hf_model)
+
     # --- reference policy (KL penalties) ---------------------------------------------------
 
     def build_reference_model(self) -> None:

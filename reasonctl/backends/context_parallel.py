@@ -54,6 +54,7 @@ from torch import nn
 
 from reasonctl.backends.distributed import all_gather_into, reduce_scatter_into
 from reasonctl.core.errors import ConfigError
+from reasonctl.models.shared_prompt_attention import language_decoder
 
 ATTENTION_NAME = "reasonctl_context_parallel"
 """The name the attention function is registered under in transformers."""
@@ -183,11 +184,9 @@ class ContextParallel:
 
 def text_decoder(hf_model: nn.Module) -> nn.Module:
     """The module that runs the decoder layers of ``hf_model`` (owns ``layers``)."""
-    base = getattr(hf_model, "model", None)
-    for candidate in (getattr(base, "language_model", None), base):
-        if candidate is not None and isinstance(getattr(candidate, "layers", None),
-                                                nn.ModuleList):
-            return candidate
+    candidate = language_decoder(hf_model)
+    if candidate is not None:
+        return candidate
     raise ConfigError([f"backend.fsdp.cp > 1: {type(hf_model).__name__} has no decoder with "
                        "`layers` to split (Qwen2/2.5/3 and Qwen-VL language towers are "
                        "supported); set cp = 1"])

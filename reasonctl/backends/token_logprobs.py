@@ -30,17 +30,18 @@ from torch import nn
 
 from reasonctl.backends.lm_head import linear_token_logprobs
 from reasonctl.models.packed_positions import is_packed_media_batch, packed_rope_positions
-from reasonctl.models.shared_prompt import LAYOUT_KWARG, SharedPromptInputs, rope_positions
-from reasonctl.models.shared_prompt_attention import (
-    enable_shared_prompt_attention,
-    masks_skipped,
-)
 from reasonctl.models.shared_media import (
     accepts_encoder_outputs,
     per_row_media_inputs,
     shared_media_inputs,
     uses_shared_media,
 )
+from reasonctl.models.shared_prompt import LAYOUT_KWARG, SharedPromptInputs, rope_positions
+from reasonctl.models.shared_prompt_attention import (
+    enable_shared_prompt_attention,
+    masks_skipped,
+)
+from reasonctl.models.varlen_attention import enable_vision_varlen_attention
 
 if TYPE_CHECKING:
     from reasonctl.backends.context_parallel import ContextParallel
@@ -145,6 +146,8 @@ class TokenLogprobModel(nn.Module):
         if self.context_parallel is not None:
             raise ValueError("shared-prompt batches do not run with context parallelism")
         enable_shared_prompt_attention(self.hf_model)
+        if device.type == "cuda":  # one flash call per vision block instead of per window
+            enable_vision_varlen_attention(self.hf_model)
         decoder = decoder_of(self.hf_model)
         packed = packed.to(device)
         layout = packed.layout

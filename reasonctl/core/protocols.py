@@ -545,6 +545,21 @@ class SupportsReferenceModel(Protocol):
 
 
 @runtime_checkable
+class RunsSharedPrompts(Protocol):
+    """Optional for backends: shared-prompt batches (default: padded rows only).
+
+    A shared-prompt batch (:func:`reasonctl.algorithms.policy_batch.
+    shared_prompt_micro_batches`) holds each prompt once, followed by its completions, and
+    is passed to :meth:`Backend.token_outputs` and :meth:`Backend.train_step` like a padded
+    one; the outputs have the padded rows' ``[B, T - 1]`` layout.
+    """
+
+    def shared_prompt_problem(self) -> str | None:
+        """Why this backend cannot run shared-prompt batches now (``None`` when it can)."""
+        ...
+
+
+@runtime_checkable
 class ProvidesGenerationModel(Protocol):
     """Optional for backends: the live policy module for a rollout engine in-process.
 
@@ -845,6 +860,14 @@ def reward_media_type(reward: Reward) -> str:
     return str(reward.media_type) if isinstance(reward, ScoresMedia) else "text"
 
 
+def shared_prompt_problem(backend: Backend) -> str | None:
+    """Why ``backend`` cannot run shared-prompt batches (:class:`RunsSharedPrompts`; by
+    default it cannot), or ``None``."""
+    if isinstance(backend, RunsSharedPrompts):
+        return backend.shared_prompt_problem()
+    return f"backend {type(backend).__name__} runs padded rows only"
+
+
 def generation_model(backend: Backend) -> Any:
     """The backend's live unsharded policy module, or ``None`` (the default)."""
     return backend.generation_model if isinstance(backend, ProvidesGenerationModel) else None
@@ -877,6 +900,7 @@ __all__ = [
     "RolloutEngine",
     "RunContext",
     "RunsForward",
+    "RunsSharedPrompts",
     "ScoresMedia",
     "SharesPolicyWeights",
     "Storage",
@@ -892,6 +916,7 @@ __all__ = [
     "changed_state_dict",
     "check_storage_access",
     "generation_model",
+    "shared_prompt_problem",
     "reward_media_type",
     "shares_policy_weights",
     "skipped_row_reports",

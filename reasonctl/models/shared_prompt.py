@@ -60,8 +60,10 @@ class SharedPromptLayout:
     """Packed position whose hidden state scores each completion token ``[M]``."""
     target_index: torch.Tensor = field(default_factory=lambda: torch.zeros(0), repr=False)
     """Packed position of each completion token ``[M]``."""
-    output_index: torch.Tensor = field(default_factory=lambda: torch.zeros(0), repr=False)
-    """Flat ``[B * width]`` slot of each completion token's log-prob ``[M]``."""
+    output_rows: torch.Tensor = field(default_factory=lambda: torch.zeros(0), repr=False)
+    """Row of the padded batch each completion token's log-prob goes to ``[M]``."""
+    output_columns: torch.Tensor = field(default_factory=lambda: torch.zeros(0), repr=False)
+    """Its column in the ``[B, width]`` log-probs ``[M]``."""
     prompt_starts: list[int] = field(default_factory=list)
     completion_starts: list[list[int]] = field(default_factory=list)
 
@@ -83,7 +85,8 @@ class SharedPromptLayout:
         key_index: list[int] = []
         score_index: list[int] = []
         target_index: list[int] = []
-        output_index: list[int] = []
+        output_rows: list[int] = []
+        output_columns: list[int] = []
         prompt_starts: list[int] = []
         completion_starts: list[list[int]] = []
         position = 0
@@ -109,8 +112,8 @@ class SharedPromptLayout:
                     target_index += own
                     # padded row: the completion's tokens sit at prompt_len .. and are
                     # scored at positions prompt_len - 1 .. of the [B, T - 1] log-probs
-                    first = row * width + prompt_len - 1
-                    output_index += range(first, first + length)
+                    output_rows += [row] * length
+                    output_columns += range(prompt_len - 1, prompt_len - 1 + length)
                 position += length
                 row += 1
             completion_starts.append(starts)
@@ -122,7 +125,8 @@ class SharedPromptLayout:
             key_index=torch.tensor(key_index, dtype=torch.long),
             score_index=torch.tensor(score_index, dtype=torch.long),
             target_index=torch.tensor(target_index, dtype=torch.long),
-            output_index=torch.tensor(output_index, dtype=torch.long),
+            output_rows=torch.tensor(output_rows, dtype=torch.long),
+            output_columns=torch.tensor(output_columns, dtype=torch.long),
             prompt_starts=prompt_starts, completion_starts=completion_starts,
         )
 
@@ -132,7 +136,8 @@ class SharedPromptLayout:
                        key_index=self.key_index.to(device),
                        score_index=self.score_index.to(device),
                        target_index=self.target_index.to(device),
-                       output_index=self.output_index.to(device))
+                       output_rows=self.output_rows.to(device),
+                       output_columns=self.output_columns.to(device))
 
     def text_positions(self) -> torch.Tensor:
         """``[N]`` positions of a text-only model: each completion continues its prompt."""
@@ -146,8 +151,8 @@ class SharedPromptLayout:
 
     def spread(self, values: torch.Tensor) -> torch.Tensor:
         """Per-completion-token ``values`` (``[M]``) placed in a zero ``[B, width]`` tensor."""
-        flat = values.new_zeros(self.rows * self.width)
-        return flat.index_copy(0, self.output_index, values).view(self.rows, self.width)
+        zeros = values.new_zeros((self.rows, self.width))
+        return zeros.index_put((self.output_rows, self.output_columns), values)
 
 
 @dataclass

@@ -42,11 +42,24 @@ def wrapped_implementation(name: str | None) -> str | None:
     return name
 
 
+def language_decoder(hf_model: nn.Module) -> nn.Module | None:
+    """The module that runs ``hf_model``'s text decoder layers (owns ``layers``):
+    ``model.model`` of Qwen2/2.5/3, ``model.model.language_model`` of Qwen-VL."""
+    base = getattr(hf_model, "model", None)
+    for candidate in (getattr(base, "language_model", None), base):
+        if candidate is not None and isinstance(getattr(candidate, "layers", None),
+                                                nn.ModuleList):
+            return candidate
+    return None
+
+
 def text_config(hf_model: nn.Module) -> Any:
     """The config object the text decoder's attention layers read."""
-    from reasonctl.backends.context_parallel import text_decoder
-
-    return text_decoder(hf_model).config
+    decoder = language_decoder(hf_model)
+    if decoder is None:
+        raise ValueError(f"{type(hf_model).__name__} has no text decoder with `layers` "
+                         "(Qwen2/2.5/3 and Qwen-VL are supported)")
+    return decoder.config
 
 
 def shared_prompt_problem(hf_model: nn.Module) -> str | None:
@@ -55,7 +68,7 @@ def shared_prompt_problem(hf_model: nn.Module) -> str | None:
 
     try:
         config = text_config(hf_model)
-    except Exception as exc:  # noqa: BLE001 - any model without a recognisable decoder
+    except ValueError as exc:
         return str(exc)
     base = wrapped_implementation(getattr(config, "_attn_implementation", None))
     if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
@@ -143,6 +156,6 @@ def shared_prompt_attention(module: nn.Module, query: torch.Tensor, key: torch.T
     q = query[0].transpose(0, 1)
     k = key[0].transpose(0, 1).index_select(0, layout.key_index)
     v = value[0].transpose(0, 1).index_select(0, layout.key_index)
-    out = varlen_attention(q, k.contiguous(), v.contiguous(), layout.cu_q, layout.cu_k,
+    out = varlen_attention(q.contiguous(), k.contiguous(), v.contiguous(), layout.cu_q, layout.cu_k,
                            layout.max_q, layout.max_k, scale=scaling, causal=True)
     return out.unsqueeze(0), None

@@ -114,3 +114,58 @@ def _flash_varlen() -> Callable[..., torch.Tensor] | None:
         return varlen_attn(query, key, value, cu_q, cu_k, max_q, max_k, **kwargs)
 
     return call
+
+
+VISION_ATTENTION_NAME = "reasonctl_varlen_flash"
+"""The vision towers' attention registered by :func:`enable_vision_varlen_attention` (the
+name contains "flash", so transformers' Qwen-VL vision blocks hand it the windows' and
+frames' ``cu_seq_lens`` instead of splitting them into one call each)."""
+
+
+def enable_vision_varlen_attention(hf_model: Any) -> bool:
+    """Run ``hf_model``'s vision tower (``model.visual`` of Qwen2.5-VL / Qwen3-VL, when its
+    attention is ``sdpa``) through :func:`varlen_attention`: one call per block instead of
+    one per window or frame (thousands per forward pass for a batch of videos). Returns
+    whether the tower uses it (idempotent)."""
+    visual = getattr(getattr(hf_model, "model", None), "visual", None)
+    config = getattr(visual, "config", None)
+    current = getattr(config, "_attn_implementation", None)
+    if current == VISION_ATTENTION_NAME:
+        return True
+    if config is None or current != "sdpa":
+        return False
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(VISION_ATTENTION_NAME, vision_varlen_attention)
+    config._attn_implementation_internal = VISION_ATTENTION_NAME
+    return True
+
+
+def vision_varlen_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
+                            value: torch.Tensor, attention_mask: Any, *,
+                            scaling: float | None = None, dropout: float = 0.0,
+                            cu_seq_lens_q: torch.Tensor | None = None,
+                            cu_seq_lens_k: torch.Tensor | None = None,
+                            max_length_q: int | None = None, max_length_k: int | None = None,
+                            is_causal: bool = False, **kwargs: Any
+                            ) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature over packed vision sequences:
+    ``query`` ``[1, H, N, D]`` with ``cu_seq_lens_q``; returns ``[1, N, H, D]``. A call
+    without sequence bounds attends over the whole input."""
+    if dropout:
+        raise ValueError("the vision varlen attention does not support dropout")
+    q = query[0].transpose(0, 1).contiguous()
+    k = key[0].transpose(0, 1).contiguous()
+    v = value[0].transpose(0, 1).contiguous()
+    if cu_seq_lens_q is None:
+        bounds = torch.tensor([0, q.shape[0]], dtype=torch.int32, device=q.device)
+        cu_q = cu_k = bounds
+        max_q = max_k = q.shape[0]
+    else:
+        cu_q = cu_seq_lens_q.to(torch.int32)
+        cu_k = (cu_seq_lens_k if cu_seq_lens_k is not None else cu_seq_lens_q).to(torch.int32)
+        max_q = int(max_length_q) if max_length_q is not None else int(
+            (cu_q[1:] - cu_q[:-1]).max())
+        max_k = int(max_length_k) if max_length_k is not None else max_q
+    out = varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale=scaling, causal=is_causal)
+    return out.unsqueeze(0), None

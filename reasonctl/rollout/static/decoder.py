@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from reasonctl.core.types import Completion, SamplingParams
+from reasonctl.models.shared_prompt_attention import wrapped_implementation
 from reasonctl.rollout.options import DecodeOptions
 from reasonctl.rollout.rows import GeneratingRow, group_completions
 from reasonctl.rollout.sampling import exponential_race
@@ -71,8 +72,8 @@ def supports_static_decode(model: Any) -> bool:
     if getattr(config, "vision_config", None) is not None and not is_multimodal(model):
         return False
     language = text_config(model)
-    if "sdpa" not in (getattr(config, "_attn_implementation", None),
-                      getattr(language, "_attn_implementation", None)):
+    if "sdpa" not in (wrapped_implementation(getattr(config, "_attn_implementation", None)),
+                      wrapped_implementation(getattr(language, "_attn_implementation", None))):
         return False
     layer_types = getattr(language, "layer_types", None) or ["full_attention"]
     return all(kind == "full_attention" for kind in layer_types)
