@@ -197,6 +197,37 @@ def write_clips(root: Path, count: int, size: str) -> list[Path]:
     return clips
 
 
+def write_frames(root: Path, count: int, size: str) -> list[Path]:
+    """For each of ``count`` prompts a folder of 4 PNG frames: the first frame of each pair
+    of :func:`write_clips`'s noise frames (the same images, uncompressed), so a prompt of
+    the 4 images has the clip's vision tokens and vision-tower work without a video
+    decoder."""
+    import numpy as np
+    from PIL import Image
+
+    side = FRAME_SIDE[size]
+    folders = []
+    for index in range(count):
+        folder = root / f"frames_{size}_{index}"
+        folders.append(folder)
+        if (folder / "3.png").is_file():
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        noise = np.random.default_rng(index)
+        frames = [noise.integers(0, 256, (side, side, 3), dtype=np.uint8) for _ in range(8)]
+        for position, frame in enumerate(frames[::2]):
+            Image.fromarray(frame).save(folder / f"{position}.png")
+    return folders
+
+
+def image_rows(folders: list[Path], count: int, seed: int = 3) -> list[dict[str, Any]]:
+    """JSONL rows: the 4 frames of a folder of :func:`write_frames` as images, then the
+    question of :func:`video_rows`."""
+    questions = random_rows(count, QUESTION_WORDS, seed=seed)
+    return [{"prompt": [*({"type": "image", "image": str(folders[i % len(folders)] / f"{k}.png")}
+                          for k in range(4)), words(questions[i])]} for i in range(count)]
+
+
 def video_rows(clips: list[Path], count: int, seed: int = 3) -> list[dict[str, Any]]:
     """JSONL rows: a clip, then a question of ``QUESTION_WORDS`` random words."""
     questions = random_rows(count, QUESTION_WORDS, seed=seed)

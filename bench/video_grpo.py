@@ -21,9 +21,11 @@ the step's end) of every step. ``--steps 20`` is the stability run: the summary'
 TRL 1.16's GRPOTrainer takes images (an ``images`` column) but no video, so its prompts
 carry each clip as 4 images of 448x448 (the first frame of each pair of frames: one image
 per temporal patch), the same number of vision tokens and the same vision-tower work as
-the clip. Its step time is the wall time between optimizer-step ends (after ``--warmup``);
-it needs ``trl`` and ``torchvision`` (the Hugging Face image processor). If TRL fails, its
-error is recorded and reasonctl's figures still print.
+the clip. ``--input images`` gives reasonctl's prompts those same 4 images (PNG files,
+read with PIL) instead of the clip: both sides then take identical inputs and neither
+needs a video decoder. TRL's step time is the wall time between optimizer-step ends (after
+``--warmup``); it needs ``trl`` and ``torchvision`` (the Hugging Face image processor). If
+TRL fails, its error is recorded and reasonctl's figures still print.
 
     python -m bench.video_grpo --model qwen2_5_vl --steps 4 --trl-steps 2
     python -m bench.video_grpo --model qwen2_5_vl --impls reasonctl --steps 20   # memory
@@ -60,8 +62,10 @@ from bench.video_common import (
     VISION_TOKENS,
     build_vl_model_dir,
     data_values,
+    image_rows,
     video_rows,
     write_clips,
+    write_frames,
 )
 
 MEMORY_FROM_STEP = 5
@@ -83,6 +87,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--micro-batch", type=int, default=8,
                         help="Completions per forward/backward pass (both sides).")
     parser.add_argument("--no-gradient-checkpointing", action="store_true")
+    parser.add_argument("--input", default="video", choices=["video", "images"],
+                        help="reasonctl's prompts: the clip, or its 4 frames as images "
+                        "(TRL always takes the 4 images).")
+    parser.add_argument("--update-layout", default="auto",
+                        choices=["auto", "shared_prompt", "padded"],
+                        help="reasonctl's algorithm.grpo.update_layout.")
+    parser.add_argument("--micro-batch-tokens", type=int, default=None,
+                        help="reasonctl's algorithm.grpo.micro_batch_tokens.")
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--out", default="/tmp/reasonctl-bench")
     return parser.parse_args()
@@ -92,10 +104,15 @@ def prepare(args: argparse.Namespace) -> tuple[Path, list[Path], Path]:
     """The model directory, the clips and the JSONL rows (enough for every step)."""
     out = Path(args.out)
     model_dir = build_vl_model_dir(out / "models", args.model, args.size)
-    clips = write_clips(out / "clips", args.prompts_per_step, args.size)
-    data = out / "video_grpo" / "prompts.jsonl"
+    count = args.prompts_per_step * max(args.steps, args.trl_steps, 1)
+    data = out / "video_grpo" / f"prompts_{args.input}.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)
-    rows = video_rows(clips, args.prompts_per_step * max(args.steps, args.trl_steps, 1))
+    if args.input == "images":
+        clips = write_frames(out / "frames", args.prompts_per_step, args.size)
+        rows = image_rows(clips, count)
+    else:
+        clips = write_clips(out / "clips", args.prompts_per_step, args.size)
+        rows = video_rows(clips, count)
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return model_dir, clips, data
 
@@ -111,7 +128,9 @@ def run_config(model_dir: Path, data: Path, run_dir: Path, args: argparse.Namesp
         "data": {**data_values(data, args.size), "shuffle": False},
         "algorithm": {"name": "grpo", "grpo": {
             "prompts_per_step": args.prompts_per_step, "loss_aggregation": "token-mean",
-            "kl_beta": 0.0, "scale_rewards": "group"}},
+            "kl_beta": 0.0, "scale_rewards": "group", "update_layout": args.update_layout,
+            **({"micro_batch_tokens": args.micro_batch_tokens}
+               if args.micro_batch_tokens else {})}},
         "rollout": {"engine": "hf", "n": args.group, "temperature": 1.0, "top_p": 1.0,
                     "top_k": 0, "max_new_tokens": args.max_new_tokens},
         "rewards": {"components": [{"name": "bench.common:even_word_reward"}]},
@@ -183,13 +202,19 @@ def trl_dataset(data: Path, clips: list[Path], args: argparse.Namespace) -> Any:
     """TRL's rows: the question as a user turn and the clip's 4 frames in ``images`` (TRL
     puts the image placeholders before the text)."""
     from datasets import Dataset
+    from PIL import Image
 
-    images = {str(c): clip_images(c, args.size) for c in clips}
     prompts, frames = [], []
+    if args.input == "images":
+        images = {str(c): [Image.open(c / f"{k}.png").convert("RGB") for k in range(4)]
+                  for c in clips}
+    else:
+        images = {str(c): clip_images(c, args.size) for c in clips}
     for line in data.read_text().splitlines()[: args.prompts_per_step * args.trl_steps]:
-        video, question = json.loads(line)["prompt"]
+        *media, question = json.loads(line)["prompt"]
+        source = media[0].get("video") or str(Path(media[0]["image"]).parent)
         prompts.append([{"role": "user", "content": question}])
-        frames.append(images[video["video"]])
+        frames.append(images[source])
     return Dataset.from_dict({"prompt": prompts, "images": frames})
 
 
@@ -249,6 +274,7 @@ def main() -> None:
     free_memory()
     summary: dict[str, Any] = {
         "bench": "video_grpo", "model": args.model, "size": args.size,
+        "reasonctl_input": args.input, "update_layout": args.update_layout,
         "completions": args.prompts_per_step * args.group,
         "max_new_tokens": args.max_new_tokens, "trl_input": "each clip as 4 images",
         **environment(), "results": {},
