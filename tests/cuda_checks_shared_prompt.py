@@ -77,8 +77,10 @@ def test_bfloat16_vl_model_scores_shared_prompt_rows_as_padded_rows() -> None:
     from reasonctl.models.tiny_vl import tiny_qwen2_5_vl_config
 
     tokenizer = build_tiny_tokenizer()
-    config = tiny_qwen2_5_vl_config(tokenizer, hidden_size=256, intermediate_size=512,
-                                    num_attention_heads=8, num_key_value_heads=2)
+    config = tiny_qwen2_5_vl_config(
+        tokenizer, hidden_size=256, intermediate_size=512, num_attention_heads=8,
+        num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                                "mrope_section": [4, 6, 6]})
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_config(
         config, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
