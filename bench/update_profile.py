@@ -13,9 +13,10 @@ all rows (the update of one step), ``--repeats`` times after a warm-up:
   completions, under a budget of ``--micro-batch`` x the longest row (the GRPO default).
 
 Reported per layout: seconds per update, tokens the model processed, micro-batches, peak
-memory, model FLOPs utilisation over the processed tokens (the language model's
-``6N + attention`` per token plus the vision tower's ``6 x params`` per patch, no
-recompute counted) and the same work expressed per padded token. With ``--profile`` one
+memory, model FLOPs utilisation of the work each layout does (the language model's ``6N``
+per processed token and ``12 x layers x hidden`` per attended query-key pair, the vision
+tower's ``6 x params`` per patch it encodes; recompute not counted), and the padded
+layout's work over the same time (``padded_equivalent_mfu``). With ``--profile`` one
 micro-batch of each layout runs under ``torch.profiler`` and the table of its most
 expensive operators is written under ``--out`` and summarised (the top operators' share of
 device time).
@@ -143,16 +144,30 @@ def processed_tokens(layout: str, batches: list[Any]) -> int:
     return sum(b["shared_prompt"].layout.length for b in batches)
 
 
-def update_flops(backend: Any, tokens: int, mean_seq: float, patches: int) -> float:
-    """Model FLOPs of an update over ``tokens`` language tokens and ``patches`` vision
-    patches (recompute not counted)."""
-    from reasonctl.backends.perf import training_flops
+def attention_pairs(layout: str, rows: list[Any]) -> int:
+    """Query-key pairs causal attention computes: each padded row's own triangle, or per
+    prompt its triangle plus each completion's keys (the prompt's and its own)."""
+    if layout == "padded":
+        return sum(len(r.encoded.input_ids) * (len(r.encoded.input_ids) + 1) // 2 for r in rows)
+    total = 0
+    for index, row in enumerate(rows):
+        prompt, length = row.prompt_len, row.completion_len
+        if index == 0 or rows[index - 1].group != row.group:
+            total += prompt * (prompt + 1) // 2
+        total += length * prompt + length * (length + 1) // 2
+    return total
 
+
+def update_flops(backend: Any, tokens: int, pairs: int, patches: int) -> float:
+    """Model FLOPs of an update: ``6 x params`` per language token (embeddings left out)
+    and per vision patch, ``12 x layers x hidden`` per attended query-key pair; recompute
+    not counted."""
     model = backend.hf_model
     text = model.config.text_config
     vision = sum(p.numel() for n, p in model.named_parameters() if "visual" in n)
     language = backend.parameter_counts.total - vision - text.vocab_size * text.hidden_size
-    return training_flops(language, text, tokens, mean_seq) + 6.0 * vision * patches
+    attention = 12.0 * text.num_hidden_layers * text.hidden_size * pairs
+    return 6.0 * language * tokens + attention + 6.0 * vision * patches
 
 
 def profile_table(backend: Any, batch: Any, tokens: float, path: Path) -> dict[str, Any]:
@@ -207,8 +222,9 @@ def main() -> None:
             times.append(now() - start)
         seconds = statistics.median(times)
         processed = processed_tokens(layout, batches)
-        flops = update_flops(backend, processed, processed / len(batches), patches)
-        padded_flops = update_flops(backend, padded_tokens, padded_tokens / len(rows),
+        flops = update_flops(backend, processed, attention_pairs(layout, rows),
+                             patches * (args.n if layout == "padded" else 1))
+        padded_flops = update_flops(backend, padded_tokens, attention_pairs("padded", rows),
                                     patches * args.n)
         result = {"update_s": round(seconds, 3), "times": [round(t, 3) for t in times],
                   "micro_batches": len(batches), "processed_tokens": processed,
