@@ -176,6 +176,27 @@ def test_environment_values_parse_like_set_and_problems_name_the_variable(regist
     assert len(problems) == 6, text
 
 
+def test_credential_variables_are_not_config_and_only_close_names_get_a_suggestion(
+        tmp_path, registry):
+    named = write(tmp_path / "named.toml", '[[rewards.components]]\nname = "keyword"\n'
+                                           'token_env = "REASONCTL_SVC__KEY"\n')
+    env = {"REASONCTL_REWARD_TOKEN": "0123456789abcdef", "REASONCTL_API_KEY": "sk-123456",
+           "REASONCTL_SVC__KEY": "named-by-the-config", "REASONCTL_HOME": "/tmp/h",
+           "REASONCTL_TOKEN": "abcdef123456"}
+    cfg = load_config([named], SELECT, registry=registry, environ=env)
+    assert cfg.rewards.components[0].name == "keyword"
+    # the variable a config names is a credential only for that config
+    problems = problems_of([], SELECT, registry=registry, environ=env)
+    assert problems == ["REASONCTL_SVC__KEY: unknown config section 'svc' (sections: "
+                        + problems[0].split("(sections: ")[1]], problems
+    # nothing close: no suggestion and no problem; close: the close name only
+    close = problems_of([], SELECT, registry=registry,
+                        environ={"REASONCTL_CACH": "/c", "REASONCTL_DISABLE_PLUGIN": "x"})
+    assert close == ["REASONCTL_CACH: unknown variable; did you mean REASONCTL_CACHE?",
+                     "REASONCTL_DISABLE_PLUGIN: unknown variable; did you mean "
+                     "REASONCTL_DISABLE_PLUGINS?"]
+
+
 def test_file_problems_name_the_file(tmp_path, registry):
     assert problems_of([tmp_path / "nope.toml"], SELECT, registry=registry, environ={}) == [
         f"{tmp_path / 'nope.toml'}: file not found (cwd: {Path.cwd()})"]

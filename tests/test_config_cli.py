@@ -201,6 +201,14 @@ def test_malformed_input_exits_2_naming_the_problem(app, base, tmp_path, case, t
     assert expected in output, output
 
 
+def test_the_reward_service_token_is_not_a_config_variable(app, base):
+    env = {"REASONCTL_REWARD_TOKEN": "3f9a0c1d2e4b5a6978877665544332211", "REASONCTL_HOME": "/h"}
+    for args in (["config", "validate"], ["data", "check"]):
+        result, output = invoke(app, [*args, "--config", str(base[0])], env=env)
+        assert result.exit_code == 0, output
+        assert "REASONCTL_" not in output, output
+
+
 def test_non_utf8_empty_and_directory_configs(app, base, tmp_path):
     latin = tmp_path / "latin.toml"
     latin.write_bytes('[run]\nname = "caf\u00e9"\n'.encode("latin-1"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import difflib
 import os
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reasonctl.core.config.redaction import is_secret_key, secret_variables_named_in
 from reasonctl.core.errors import ConfigError, did_you_mean
 
 ENV_PREFIX = "REASONCTL_"
@@ -37,6 +39,9 @@ PROCESS_VARIABLES = frozenset({
 """``REASONCTL_*`` variables that steer the process and are not config keys. Config
 variables always hold ``__`` (``REASONCTL_<SECTION>__<KEY>``); a name without it is never
 read as config."""
+PROCESS_VARIABLE_CUTOFF = 0.7
+"""How close (difflib ratio of the part after ``REASONCTL_``) an unknown name must be to a
+process variable to be reported as its misspelling."""
 FLAGS = "command-line flags"
 DEFAULT = "default"
 
@@ -122,19 +127,30 @@ def collect_sources(
             sources.merge(read_toml(path), str(path), is_file=True)
         except ConfigError as exc:
             sources.problems += exc.problems
+    parsed = []
+    for text in overrides:
+        try:
+            parsed.append((text, *parse_override(text)))
+        except ConfigError as exc:
+            sources.problems += exc.problems
+    named = _variables_named_in(sources.data, values, [(key, value) for _, key, value in parsed])
     for name, key, value in env_entries(os.environ if environ is None else environ,
-                                        list(sections), sources.problems):
+                                        list(sections), sources.problems, secrets=named):
         sources.set(key, value, name)
     if values:
         sources.merge(values, FLAGS)
-    for text in overrides:
-        try:
-            key, value = parse_override(text)
-        except ConfigError as exc:
-            sources.problems += exc.problems
-            continue
+    for text, key, value in parsed:
         sources.set(key, value, f"--set {text}")
     return sources
+
+
+def _variables_named_in(data: Mapping[str, Any], values: Mapping[str, Any] | None,
+                        overrides: list[tuple[list[str], Any]]) -> set[str]:
+    """Variables the files, flags and overrides name in ``*_env`` options (secrets)."""
+    named = set(secret_variables_named_in(data)) | set(secret_variables_named_in(values or {}))
+    for key, value in overrides:
+        named.update(secret_variables_named_in({key[-1]: value}))
+    return {name.upper() for name in named}
 
 
 # --- the layers ----------------------------------------------------------------------------
@@ -190,17 +206,26 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def env_entries(
-    environ: Mapping[str, str], sections: list[str], problems: list[str]
+    environ: Mapping[str, str],
+    sections: list[str],
+    problems: list[str],
+    *,
+    secrets: Iterable[str] = (),
 ) -> list[tuple[str, list[str], Any]]:
     """``(variable, key path, value)`` of each ``REASONCTL_<SECTION>__<KEY>`` variable.
 
     A misspelt section or a malformed name is appended to ``problems`` with a
     did-you-mean; names without ``__`` are process variables, never config, but a close
-    misspelling of a known one is reported too.
+    misspelling of a known one is reported too. Credentials are never config: the
+    ``secrets`` a config names in ``*_env`` options, and names that say they hold one
+    (``REASONCTL_REWARD_TOKEN``), are skipped.
     """
+    skipped = PROCESS_VARIABLES | {name.upper() for name in secrets}
     entries = []
     for name in sorted(environ):
-        if not name.upper().startswith(ENV_PREFIX) or name.upper() in PROCESS_VARIABLES:
+        if not name.upper().startswith(ENV_PREFIX) or name.upper() in skipped:
+            continue
+        if ENV_DELIMITER not in name and is_secret_key(name):
             continue
         rest = name[len(ENV_PREFIX):]
         if ENV_DELIMITER not in rest:
@@ -226,9 +251,11 @@ def env_entries(
 def _process_variable_problems(name: str, rest: str, sections: list[str]) -> list[str]:
     if rest.lower() in sections:
         return [f"{name}: set keys one at a time, e.g. {name}__<KEY>=value"]
-    close = did_you_mean(name.upper(), PROCESS_VARIABLES)
+    known = {variable[len(ENV_PREFIX):]: variable for variable in PROCESS_VARIABLES}
+    close = difflib.get_close_matches(rest.upper(), list(known), n=1,
+                                      cutoff=PROCESS_VARIABLE_CUTOFF)
     if close:
-        return [f"{name}: unknown variable; did you mean {close}?"]
+        return [f"{name}: unknown variable; did you mean {known[close[0]]}?"]
     return []
 
 
