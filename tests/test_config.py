@@ -334,6 +334,11 @@ def test_text_redaction_covers_urls_assignments_and_env_values(monkeypatch):
     assert "abc123xyz" not in text and "sk-live-abcdef123456" not in text
     assert "https://***@example.com/x" in text and "tokenizer=qwen-tok" in text
     assert redact_text("TOKENIZERS_PARALLELISM is false") == "TOKENIZERS_PARALLELISM is false"
+    # where a secret comes from is not the secret; a value that only starts with $ is
+    for hint in ("export REASONCTL_REWARD_TOKEN=$(openssl rand -hex 32)", "TOKEN=${HF_TOKEN}",
+                 "api_key=$MY_KEY"):
+        assert redact_text(hint) == hint
+    assert redact_text("password=$ecret-value") == "password=***"
 
 
 def test_saved_config_reproduces_the_run_and_hides_secrets(monkeypatch):
