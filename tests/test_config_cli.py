@@ -233,6 +233,28 @@ def test_every_problem_of_a_config_is_listed(app, base, tmp_path):
     assert "REASONCTL_TRAIN__BETAS (train.betas.1): Input should be less than 1" in output
 
 
+def test_unknown_keys_and_missing_files_are_reported_in_one_round(app, base, tmp_path):
+    gone, gone_eval = tmp_path / "gone.jsonl", tmp_path / "gone-eval.jsonl"
+    overlay = tmp_path / "mixed.toml"
+    overlay.write_text(f'[trian]\nlr = 1\n[train]\nlr = "fast"\n[data.jsonl]\npath = "{gone}"\n'
+                       f'[eval]\ndata = "{gone_eval}"\n[[rewards.components]]\nname = "math"\n'
+                       'require_boxd = true\n')
+    for command in (["config", "validate"], ["run"]):
+        result, output = invoke(app, [*command, "-c", str(base[0]), "-c", str(overlay)])
+        assert result.exit_code == 2, output
+        said = " ".join(output.split())
+        assert "(5 problem(s))" in said, output
+        for expected in ("trian: unknown key", "train.lr: Input should be a valid number",
+                         f"data.jsonl.path: '{gone}' does not exist",
+                         f"eval.data: '{gone_eval}' does not exist",
+                         "rewards.components.0.require_boxd: unknown key"):
+            assert expected in said, output
+    # a value left out as invalid is not reported again by the checks of the world
+    overlay.write_text("[data.jsonl]\npath = 5\n[run]\noutput_dir = 7\n")
+    result, output = invoke(app, ["config", "validate", "-c", str(base[0]), "-c", str(overlay)])
+    assert result.exit_code == 2 and "(2 problem(s))" in output, output
+
+
 def test_show_sources_marks_where_values_came_from(app, base, tmp_path):
     overlay = tmp_path / "overlay.toml"
     overlay.write_text('[[rewards.components]]\nname = "format"\n[train]\nlr = 0.5\n')

@@ -30,6 +30,7 @@ from reasonctl.core.protocols import (
 
 if TYPE_CHECKING:
     from reasonctl.core.config import RunConfig
+    from reasonctl.core.config.loading import InvalidConfigError
     from reasonctl.core.protocols import (
         Algorithm,
         Backend,
@@ -93,6 +94,20 @@ def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1,
     problems += placement_problems(config, options)
     if problems:
         raise ConfigError(problems)
+
+
+def with_preflight_problems(error: InvalidConfigError, registry: Registry,
+                            **options: Any) -> ConfigError:
+    """``error``'s problems and the :func:`preflight` problems of the config's valid part
+    (a missing data file next to a misspelt key), the values left out not reported twice.
+    ``options`` go to :func:`preflight`."""
+    problems = list(error.problems)
+    if error.valid_part is not None:
+        try:
+            preflight(error.valid_part, registry, **options)
+        except ConfigError as found:
+            problems += [p for p in found.problems if not error.covers(p) and p not in problems]
+    return ConfigError(problems)
 
 
 def reward_problems(config: RunConfig, registry: Registry, *, world_size: int = 1

@@ -56,6 +56,8 @@ class ConfigSources:
     origins: dict[Path_, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    unread_files: list[str] = field(default_factory=list)
+    """Config files that could not be read (their values are missing from ``data``)."""
 
     def merge(self, values: Mapping[str, Any], source: str, *, is_file: bool = False) -> None:
         """Merge a layer of ``values`` set by ``source`` (tables merge, the rest replaces)."""
@@ -127,6 +129,7 @@ def collect_sources(
             sources.merge(read_toml(path), str(path), is_file=True)
         except ConfigError as exc:
             sources.problems += exc.problems
+            sources.unread_files.append(str(path))
     parsed = []
     for text in overrides:
         try:
