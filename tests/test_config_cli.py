@@ -117,7 +117,14 @@ CASES: list[tuple[str, str | None, dict[str, str], list[str], str]] = [
     ("nested-unknown", "[train.extra]\nx = 1", {}, [], "train.extra: unknown key"),
     ("bad-toml-header", "[train\nlr = 1", {}, [], "invalid TOML"),
     ("bad-toml-value", "[train]\nlr = ", {}, [], "invalid TOML"),
-    ("duplicate-key", "[train]\nlr = 1\nlr = 2", {}, [], "invalid TOML"),
+    ("duplicate-key", "[train]\nlr = 1\nlr = 2", {}, [],
+     "invalid TOML: duplicate key 'train.lr' on line 3 (first set on line 2)"),
+    ("duplicate-table", "[train]\nlr = 1\n\n[train]\nepochs = 2", {}, [],
+     "invalid TOML: [train] on line 4 defines 'train' again"),
+    ("output-in-proc", '[run]\noutput_dir = "/proc/reasonctl-out"', {}, [],
+     "run.output_dir: cannot create '/proc/reasonctl-out': no file can be created in /proc"),
+    ("model-missing", '[model]\nname_or_path = "./no-such-model"', {}, [],
+     "model.name_or_path: './no-such-model' does not exist"),
     ("env-word", None, {"REASONCTL_TRAIN__LR": "fast"}, [], "REASONCTL_TRAIN__LR:"),
     ("env-tuple", None, {"REASONCTL_TRAIN__BETAS": "(0.9,0.99)"}, [], "REASONCTL_TRAIN__BETAS:"),
     ("env-short", None, {"REASONCTL_TRAIN__BETAS": "[0.9]"}, [], "REASONCTL_TRAIN__BETAS"),
@@ -337,6 +344,21 @@ def test_flags_beat_environment_in_a_real_process(base):
     assert out.returncode == 0, out.stderr
     shown = json.loads(out.stdout)
     assert shown["algorithm"]["name"] == "grpo" and shown["train"]["lr"] == 0.3
+
+
+def test_run_stops_on_an_unusable_output_or_model_directory_before_starting(base, tmp_path):
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    for override, expected in (
+            ("run.output_dir='/proc/reasonctl-out'",
+             "run.output_dir: cannot create '/proc/reasonctl-out'"),
+            (f"model.name_or_path='{empty}'", f"model.name_or_path: '{empty}' is an empty "
+                                               "directory")):
+        out = subprocess.run([sys.executable, "-m", "reasonctl", "run", "-c", str(base[0]),
+                              "--set", override], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2, out.stderr[-2000:]
+        assert "Traceback" not in out.stderr and expected in " ".join(out.stderr.split())
+    assert not (tmp_path / "out").exists()
 
 
 def test_run_checks_the_world_before_loading_anything(base, tmp_path):

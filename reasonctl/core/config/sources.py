@@ -18,6 +18,7 @@ import copy
 import datetime
 import difflib
 import os
+import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -182,7 +183,56 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError([f"{path}: invalid TOML: {exc}"]) from exc
+        raise ConfigError([f"{path}: invalid TOML: {toml_error_text(text, exc)}"]) from exc
+
+
+_REDEFINED = ("Cannot overwrite a value", "Cannot declare")
+_KEY_LINE = re.compile(r"^\s*(?P<key>[^=\[#][^=]*?)\s*=")
+_HEADER_LINE = re.compile(r"^\s*\[\[?\s*(?P<name>[^\]]+?)\s*\]\]?\s*(#.*)?$")
+
+
+def toml_error_text(text: str, error: tomllib.TOMLDecodeError) -> str:
+    """``error`` as a user reads it: a key or table defined twice is named, with its lines
+    (the parser says only "Cannot overwrite a value", at times "at end of document")."""
+    message = str(error)
+    if not message.startswith(_REDEFINED):
+        return message
+    lines = text.splitlines()
+    for end in range(1, len(lines) + 1):  # the first line whose text redefines something
+        try:
+            tomllib.loads("\n".join(lines[:end]))
+        except tomllib.TOMLDecodeError as exc:
+            if str(exc).startswith(_REDEFINED):
+                return _redefinition(lines, end) or message
+    return message
+
+
+def _redefinition(lines: list[str], end: int) -> str | None:
+    for number in range(end, 0, -1):  # back to where the value or table starts
+        header = _HEADER_LINE.match(lines[number - 1])
+        if header:
+            name = header.group("name")
+            return (f"[{name}] on line {number} defines {name!r} again (it is a table or a "
+                    "value above); merge the two into one")
+        key = _KEY_LINE.match(lines[number - 1])
+        if key:
+            table = _table_at(lines, number)
+            full = f"{table}.{key.group('key')}" if table else key.group("key")
+            first = next((n for n in range(1, number) if _table_at(lines, n) == table
+                          and (m := _KEY_LINE.match(lines[n - 1]))
+                          and m.group("key") == key.group("key")), None)
+            where = f" (first set on line {first})" if first else ""
+            return (f"duplicate key {full!r} on line {number}{where}; keep one of them")
+    return None
+
+
+def _table_at(lines: list[str], number: int) -> str:
+    """The table header in force at line ``number`` (1-based; "" at the top level)."""
+    for index in range(number - 1, 0, -1):
+        header = _HEADER_LINE.match(lines[index - 1])
+        if header:
+            return header.group("name")
+    return ""
 
 
 def parse_value(raw: str) -> Any:
