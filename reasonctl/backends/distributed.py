@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 DEFAULT_CPU_THREADS = 1
 """Torch threads of a CPU run when neither ``backend.cpu_threads`` nor ``OMP_NUM_THREADS``
 says: the small models trained on a CPU run fastest on one thread, and several threads on
-a busy machine wait on each other (5-16x slower on a loaded two-core machine)."""
+a busy machine wait on each other (``bench/cpu_threads.py``)."""
 
 
 def resolve_device(name: str) -> torch.device:
