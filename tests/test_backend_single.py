@@ -227,3 +227,40 @@ def test_missing_model_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="not found"):
         resolve_model_dir(str(tmp_path / "nope"))
     assert resolve_model_dir(str(tmp_path)) == tmp_path
+
+
+THREADS_SCRIPT = """
+import sys, torch
+from reasonctl.backends.distributed import run_device
+from reasonctl.core.config import RunConfig
+backend = {"device": sys.argv[1]}
+if len(sys.argv) > 2:
+    backend["cpu_threads"] = int(sys.argv[2])
+run_device(RunConfig(backend=backend))
+print(torch.get_num_threads())
+"""
+
+
+def test_cpu_runs_use_one_thread_unless_the_user_says_otherwise(tiny_model_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+
+    def threads(*args: str, omp: str | None = None) -> int:
+        extra = {"OMP_NUM_THREADS": omp} if omp else {}
+        out = subprocess.run([sys.executable, "-c", THREADS_SCRIPT, *args], env={**env, **extra},
+                             capture_output=True, text=True, timeout=120, check=True)
+        return int(out.stdout.split()[-1])
+
+    assert threads("cpu") == 1  # torch's default is one per core
+    assert threads("auto", omp="2") == 2  # an exported OMP_NUM_THREADS is kept
+    assert threads("cpu", "3", omp="1") == 3  # the config key wins over both
+    before = torch.get_num_threads()
+    try:  # the backend a run builds applies it
+        make_backend(tiny_model_dir, tmp_path, backend={"cpu_threads": 2})
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -176,6 +176,27 @@ def test_environment_values_parse_like_set_and_problems_name_the_variable(regist
     assert len(problems) == 6, text
 
 
+def test_credential_variables_are_not_config_and_only_close_names_get_a_suggestion(
+        tmp_path, registry):
+    named = write(tmp_path / "named.toml", '[[rewards.components]]\nname = "keyword"\n'
+                                           'token_env = "REASONCTL_SVC__KEY"\n')
+    env = {"REASONCTL_REWARD_TOKEN": "0123456789abcdef", "REASONCTL_API_KEY": "sk-123456",
+           "REASONCTL_SVC__KEY": "named-by-the-config", "REASONCTL_HOME": "/tmp/h",
+           "REASONCTL_TOKEN": "abcdef123456"}
+    cfg = load_config([named], SELECT, registry=registry, environ=env)
+    assert cfg.rewards.components[0].name == "keyword"
+    # the variable a config names is a credential only for that config
+    problems = problems_of([], SELECT, registry=registry, environ=env)
+    assert problems == ["REASONCTL_SVC__KEY: unknown config section 'svc' (sections: "
+                        + problems[0].split("(sections: ")[1]], problems
+    # nothing close: no suggestion and no problem; close: the close name only
+    close = problems_of([], SELECT, registry=registry,
+                        environ={"REASONCTL_CACH": "/c", "REASONCTL_DISABLE_PLUGIN": "x"})
+    assert close == ["REASONCTL_CACH: unknown variable; did you mean REASONCTL_CACHE?",
+                     "REASONCTL_DISABLE_PLUGIN: unknown variable; did you mean "
+                     "REASONCTL_DISABLE_PLUGINS?"]
+
+
 def test_file_problems_name_the_file(tmp_path, registry):
     assert problems_of([tmp_path / "nope.toml"], SELECT, registry=registry, environ={}) == [
         f"{tmp_path / 'nope.toml'}: file not found (cwd: {Path.cwd()})"]
@@ -313,6 +334,11 @@ def test_text_redaction_covers_urls_assignments_and_env_values(monkeypatch):
     assert "abc123xyz" not in text and "sk-live-abcdef123456" not in text
     assert "https://***@example.com/x" in text and "tokenizer=qwen-tok" in text
     assert redact_text("TOKENIZERS_PARALLELISM is false") == "TOKENIZERS_PARALLELISM is false"
+    # where a secret comes from is not the secret; a value that only starts with $ is
+    for hint in ("export REASONCTL_REWARD_TOKEN=$(openssl rand -hex 32)", "TOKEN=${HF_TOKEN}",
+                 "api_key=$MY_KEY"):
+        assert redact_text(hint) == hint
+    assert redact_text("password=$ecret-value") == "password=***"
 
 
 def test_saved_config_reproduces_the_run_and_hides_secrets(monkeypatch):

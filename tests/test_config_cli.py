@@ -117,7 +117,14 @@ CASES: list[tuple[str, str | None, dict[str, str], list[str], str]] = [
     ("nested-unknown", "[train.extra]\nx = 1", {}, [], "train.extra: unknown key"),
     ("bad-toml-header", "[train\nlr = 1", {}, [], "invalid TOML"),
     ("bad-toml-value", "[train]\nlr = ", {}, [], "invalid TOML"),
-    ("duplicate-key", "[train]\nlr = 1\nlr = 2", {}, [], "invalid TOML"),
+    ("duplicate-key", "[train]\nlr = 1\nlr = 2", {}, [],
+     "invalid TOML: duplicate key 'train.lr' on line 3 (first set on line 2)"),
+    ("duplicate-table", "[train]\nlr = 1\n\n[train]\nepochs = 2", {}, [],
+     "invalid TOML: [train] on line 4 defines 'train' again"),
+    ("output-in-proc", '[run]\noutput_dir = "/proc/reasonctl-out"', {}, [],
+     "run.output_dir: cannot create '/proc/reasonctl-out': no file can be created in /proc"),
+    ("model-missing", '[model]\nname_or_path = "./no-such-model"', {}, [],
+     "model.name_or_path: './no-such-model' does not exist"),
     ("env-word", None, {"REASONCTL_TRAIN__LR": "fast"}, [], "REASONCTL_TRAIN__LR:"),
     ("env-tuple", None, {"REASONCTL_TRAIN__BETAS": "(0.9,0.99)"}, [], "REASONCTL_TRAIN__BETAS:"),
     ("env-short", None, {"REASONCTL_TRAIN__BETAS": "[0.9]"}, [], "REASONCTL_TRAIN__BETAS"),
@@ -201,6 +208,14 @@ def test_malformed_input_exits_2_naming_the_problem(app, base, tmp_path, case, t
     assert expected in output, output
 
 
+def test_the_reward_service_token_is_not_a_config_variable(app, base):
+    env = {"REASONCTL_REWARD_TOKEN": "3f9a0c1d2e4b5a6978877665544332211", "REASONCTL_HOME": "/h"}
+    for args in (["config", "validate"], ["data", "check"]):
+        result, output = invoke(app, [*args, "--config", str(base[0])], env=env)
+        assert result.exit_code == 0, output
+        assert "REASONCTL_" not in output, output
+
+
 def test_non_utf8_empty_and_directory_configs(app, base, tmp_path):
     latin = tmp_path / "latin.toml"
     latin.write_bytes('[run]\nname = "caf\u00e9"\n'.encode("latin-1"))
@@ -223,6 +238,28 @@ def test_every_problem_of_a_config_is_listed(app, base, tmp_path):
     assert "trian: unknown key; did you mean 'train'?" in output
     assert "rewards.components.0.max_length: Input should be a valid integer" in output
     assert "REASONCTL_TRAIN__BETAS (train.betas.1): Input should be less than 1" in output
+
+
+def test_unknown_keys_and_missing_files_are_reported_in_one_round(app, base, tmp_path):
+    gone, gone_eval = tmp_path / "gone.jsonl", tmp_path / "gone-eval.jsonl"
+    overlay = tmp_path / "mixed.toml"
+    overlay.write_text(f'[trian]\nlr = 1\n[train]\nlr = "fast"\n[data.jsonl]\npath = "{gone}"\n'
+                       f'[eval]\ndata = "{gone_eval}"\n[[rewards.components]]\nname = "math"\n'
+                       'require_boxd = true\n')
+    for command in (["config", "validate"], ["run"]):
+        result, output = invoke(app, [*command, "-c", str(base[0]), "-c", str(overlay)])
+        assert result.exit_code == 2, output
+        said = " ".join(output.split())
+        assert "(5 problem(s))" in said, output
+        for expected in ("trian: unknown key", "train.lr: Input should be a valid number",
+                         f"data.jsonl.path: '{gone}' does not exist",
+                         f"eval.data: '{gone_eval}' does not exist",
+                         "rewards.components.0.require_boxd: unknown key"):
+            assert expected in said, output
+    # a value left out as invalid is not reported again by the checks of the world
+    overlay.write_text("[data.jsonl]\npath = 5\n[run]\noutput_dir = 7\n")
+    result, output = invoke(app, ["config", "validate", "-c", str(base[0]), "-c", str(overlay)])
+    assert result.exit_code == 2 and "(2 problem(s))" in output, output
 
 
 def test_show_sources_marks_where_values_came_from(app, base, tmp_path):
@@ -307,6 +344,21 @@ def test_flags_beat_environment_in_a_real_process(base):
     assert out.returncode == 0, out.stderr
     shown = json.loads(out.stdout)
     assert shown["algorithm"]["name"] == "grpo" and shown["train"]["lr"] == 0.3
+
+
+def test_run_stops_on_an_unusable_output_or_model_directory_before_starting(base, tmp_path):
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    for override, expected in (
+            ("run.output_dir='/proc/reasonctl-out'",
+             "run.output_dir: cannot create '/proc/reasonctl-out'"),
+            (f"model.name_or_path='{empty}'", f"model.name_or_path: '{empty}' is an empty "
+                                               "directory")):
+        out = subprocess.run([sys.executable, "-m", "reasonctl", "run", "-c", str(base[0]),
+                              "--set", override], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2, out.stderr[-2000:]
+        assert "Traceback" not in out.stderr and expected in " ".join(out.stderr.split())
+    assert not (tmp_path / "out").exists()
 
 
 def test_run_checks_the_world_before_loading_anything(base, tmp_path):

@@ -165,3 +165,47 @@ def test_vision_language_sft_with_frozen_tower_exports_and_reloads(tmp_path: Pat
     valid = final.batch["attention_mask"][:, 1:].bool()
     torch.testing.assert_close(final.logprobs[valid], want[valid], atol=1e-5, rtol=1e-5)
     ChatProcessor.from_pretrained(result.export_dir, max_length=64)  # processor files travel
+
+
+def test_infer_without_a_config_generates_as_the_run_s_rollouts(tmp_path: Path,
+                                                                 tiny_model_dir: Path) -> None:
+    import tomllib
+
+    from transformers import GenerationConfig
+    from typer.testing import CliRunner
+
+    from reasonctl.cli.app import build_app
+    from reasonctl.core.types import SamplingParams
+    from reasonctl.evaluation.standalone import load_engine
+
+    export, _ = train_and_export(
+        tmp_path, tiny_model_dir, "rollout.max_new_tokens=5", "rollout.stop=['1', '</a>']",
+        "rollout.temperature=0.7", "data.system_prompt='Answer with a number.'")
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    (one,) = tokenizer.encode("1", add_special_tokens=False)
+    generation = GenerationConfig.from_pretrained(export)  # transformers reads the run's rollout
+    assert set(generation.eos_token_id) == {tokenizer.eos_token_id, one}
+    assert (generation.max_new_tokens, generation.do_sample, generation.temperature,
+            generation.top_k) == (5, True, 0.7, 0)
+    settings = tomllib.loads((export / "reasonctl_generation.toml").read_text())
+    assert settings["rollout"]["stop"] == ["1", "</a>"]
+
+    host = PluginHost.load()
+    app = build_app(host)
+    answer = CliRunner().invoke(app, ["infer", "--model", str(export), "--prompt", "3 times two?"])
+    assert answer.exit_code == 0, answer.output
+    engine, processor = load_engine(str(export), load_config(registry=host.registry),
+                                    host.registry)
+    prompt = processor.encode_prompt(Sample([
+        Message("system", [ContentPart("text", text="Answer with a number.")]),
+        Message("user", [ContentPart("text", text="3 times two?")])]))
+    (expected,) = engine.generate([prompt.as_prompt()], SamplingParams(
+        temperature=0.0, max_new_tokens=5, stop=["1", "</a>"]))[0]
+    assert answer.stdout == expected.text + "\n"  # greedy, as reasonctl eval answers
+
+    # a settings file holding more than generation settings is refused, naming the keys
+    with (export / "reasonctl_generation.toml").open("a") as file:
+        file.write('[[rewards.components]]\nname = "os:system"\n')
+    refused = CliRunner().invoke(app, ["infer", "--model", str(export), "--prompt", "x"])
+    assert refused.exit_code == 2
+    assert "rewards.components" in " ".join(refused.output.split())

@@ -310,3 +310,22 @@ plot = false
         kept = row["rollout/groups_kept"]
         assert kept == 2 if tp == 1 else 1 <= kept <= 4
     assert steps[-1]["kl"] > 0.0
+
+
+def test_in_loop_evaluation_is_shown_on_the_console_and_plotted(
+        tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from reasonctl.loggers.metrics_file import read_metrics
+    from reasonctl.loggers.plot import choose_panels
+
+    config = _config(tmp_path, tiny_model_dir)
+    config["eval"] = {"data": str(tmp_path / "prompts.jsonl"), "every_steps": 2,
+                      "answer_format": "letter", "max_samples": 4}
+    config["logging"] = {"loggers": ["console", "jsonl"], "every_steps": 3}
+    reasonctl.run(config, rewards=[byte_parity])
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    # the evaluation at step 2 is logged although logging.every_steps is 3
+    assert [row["step"] for row in records] == [2, 3]
+    accuracy = records[0]["eval/accuracy"]
+    assert f"step 2/3 eval: accuracy {accuracy:.4g}" in capsys.readouterr().err
+    assert ("evaluation", "eval/accuracy") in choose_panels(records)
+    assert (tmp_path / "run" / "training_curves.png").stat().st_size > 0

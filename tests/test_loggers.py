@@ -445,6 +445,51 @@ def test_console_progress_bar(capsys: pytest.CaptureFixture[str]) -> None:
     assert "5/5" in err and "loss 0.125 · lr 3.00e-04 · reward 0.75" in err
 
 
+def test_console_shows_each_evaluation_on_a_line_of_its_own(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from reasonctl.loggers.console import ConsoleLogger
+
+    for interactive in (False, True):
+        logger = ConsoleLogger(40, every_steps=20, interactive=interactive)
+        for step in range(1, 41):
+            metrics: dict[str, float] = {"loss": 1.0 / step}
+            if step % 10 == 0:  # not every evaluation falls on a printed step
+                metrics.update({"eval/accuracy": step / 80, "eval/gsm/accuracy": step / 40,
+                                "eval/math/accuracy": 0.0, "time/eval_s": 1.0})
+            if step == 15:  # a diffusion model's evaluation
+                metrics.update({"eval/reward/mean": 0.4375, "eval/reward/std": 0.1})
+            logger.log(metrics, step)
+        logger.close()
+        lines = [line for line in capsys.readouterr().err.splitlines() if " eval: " in line]
+        assert lines == [
+            "step 10/40 eval: accuracy 0.125 · gsm 0.25 · math 0",
+            "step 15/40 eval: reward 0.4375",
+            "step 20/40 eval: accuracy 0.25 · gsm 0.5 · math 0",
+            "step 30/40 eval: accuracy 0.375 · gsm 0.75 · math 0",
+            "step 40/40 eval: accuracy 0.5 · gsm 1 · math 0",
+        ], interactive
+
+
+def test_evaluation_gets_a_panel_with_each_source(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from reasonctl.loggers.plot import choose_panels, plot_training_curves
+
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "time": 1.0, "loss": 1 / s} for s in range(1, 21)]
+    for row in rows[4::5]:
+        row.update({"eval/accuracy": row["step"] / 20, "eval/gsm/accuracy": 0.5,
+                    "eval/math/accuracy": row["step"] / 40})
+    metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert choose_panels(rows) == [("loss", "loss"), ("evaluation", "eval/accuracy")]
+    png = plot_training_curves(metrics, tmp_path / "curves.png")
+    assert png is not None
+    with Image.open(png) as image:
+        assert image.size == (920, 320)  # two panels
+    diffusion = [{"step": 3, "time": 1.0, "loss": 1.0, "eval/reward/mean": 0.2}]
+    assert ("evaluation", "eval/reward/mean") in choose_panels(diffusion)
+
+
 def test_number_formats() -> None:
     from reasonctl.loggers.console import (
         format_count,

@@ -111,7 +111,57 @@ def test_output_dir_must_be_a_writable_directory(registry, tmp_path, data_file):
         cfg = config(registry, tmp_path, f"data.jsonl.path='{data_file}'",
                      f"run.output_dir='{locked}'")
         assert preflight_problems(cfg, registry) == [
-            f"run.output_dir: '{locked}' is not writable (check its permissions)"]
+            f"run.output_dir: '{locked}' is not writable: no file can be created there "
+            "(Permission denied); check its permissions or choose another directory"]
+    # permission bits do not tell (root writes anywhere, but nobody creates files in /proc)
+    cfg = config(registry, tmp_path, f"data.jsonl.path='{data_file}'",
+                 "run.output_dir='/proc/reasonctl-run'")
+    (problem,) = preflight_problems(cfg, registry)
+    assert problem.startswith("run.output_dir: cannot create '/proc/reasonctl-run': no file "
+                              "can be created in /proc (")
+    assert not list(tmp_path.glob(".reasonctl-write-check-*"))  # the probe file is removed
+    assert preflight_problems(config(registry, tmp_path, f"data.jsonl.path='{data_file}'",
+                                     f"run.output_dir='{tmp_path}'"), registry) == []
+    assert not list(tmp_path.glob(".reasonctl-write-check-*"))
+
+
+def test_a_local_model_directory_must_exist_and_hold_a_model(registry, tmp_path, data_file,
+                                                              monkeypatch):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    tokenizer_only = tmp_path / "tokenizer-only"
+    tokenizer_only.mkdir()
+    (tokenizer_only / "tokenizer.json").write_text("{}")
+    (tmp_path / "models").mkdir()
+
+    def problems(name: str, tokenizer: str | None = None) -> list[str]:
+        extra = [f"model.tokenizer='{tokenizer}'"] if tokenizer else []
+        return preflight_problems(config(registry, tmp_path, f"data.jsonl.path='{data_file}'",
+                                         f"model.name_or_path='{name}'", *extra), registry)
+
+    assert problems(str(tmp_path / "gone")) == [
+        f"model.name_or_path: '{tmp_path / 'gone'}' does not exist (cwd: {Path.cwd()}); point "
+        "it at a model directory (e.g. an export's export/final), or a Hub id such as "
+        "'Qwen/Qwen2.5-0.5B-Instruct'"]
+    assert problems(str(empty)) == [
+        f"model.name_or_path: '{empty}' is an empty directory; point it at a model directory"]
+    assert problems(str(tokenizer_only)) == [
+        f"model.name_or_path: '{tokenizer_only}' holds no model (config.json, model_index.json "
+        "missing); point it at a Hugging Face model directory or a diffusers pipeline"]
+    assert problems(str(data_file))[0].endswith("is a file; point it at the model directory")
+    assert problems("outputs/run/export/final")[0].startswith(
+        "model.name_or_path: 'outputs/run/export/final' does not exist")
+    # Hub ids, built-in models and storage URIs are not local directories
+    for name in ("Qwen/Qwen2.5-0.5B-Instruct", "gpt2", "tiny-random", "tiny-random-vl",
+                 "s3://bucket/model"):
+        assert problems(name) == [], name
+    # ... unless the first part of owner/repo is a local directory
+    monkeypatch.chdir(tmp_path)
+    assert problems("models/qwen")[0].startswith(
+        "model.name_or_path: 'models/qwen' does not exist")
+    assert problems("tiny-random", tokenizer=str(empty)) == [
+        f"model.tokenizer: '{empty}' is an empty directory; point it at a model directory"]
+    assert problems("tiny-random", tokenizer=str(tokenizer_only)) == []
 
 
 def test_upload_uris_must_be_well_formed(registry, tmp_path, data_file):

@@ -170,3 +170,135 @@ def test_grpo_on_the_quickstart_task_learns_with_remote_rewards_as_with_local_on
     assert sum(rewards[-4:]) / 4 - sum(rewards[:4]) / 4 >= 0.08, rewards
     assert served["requests"]["done"] == 12 and served["requests"]["failed"] == 0
     assert served["rewards"]["choice"]["completions"] == 12 * 64
+
+
+
+
+def test_each_served_reward_is_reported_beside_the_weighted_sum(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("uvicorn")
+    from reasonctl.core.reward_set import ScoresWithParts
+    from reasonctl.rewards.remote import RemoteConfig, remote_reward
+
+    monkeypatch.setenv("REASONCTL_REWARD_TOKEN", TOKEN)
+    registry = reasonctl.plugin_host().registry
+    served = [{"name": "choice"}, {"name": "format", "require_think": False}]
+    texts = ["<answer>A</answer>", "B", "<answer>C</answer>"]
+    samples = [Sample([Message("user", [ContentPart("text", text="Pick A, B or C.")])],
+                      reference=ref, source=f"t:{i}") for i, ref in enumerate("ABA")]
+    with InProcessService(service_config(served), registry) as service:
+        reward = remote_reward(RemoteConfig(url=service.url,
+                                            rewards={"choice": 1.0, "format": 0.5}))
+        scores = reward(texts, samples)
+        assert isinstance(scores, ScoresWithParts)
+        assert scores.parts == {"choice": [1.0, 1.0, 0.0], "format": [1.0, 0.0, 1.0]}
+        assert scores == [1.5, 1.0, 0.5]
+        result = RewardSet([RewardTerm("remote", reward, 2.0)]).score(texts, samples)
+    assert result.totals == [3.0, 2.0, 1.0]  # the parts are not added again
+    assert result.parts == {"remote/choice": [1.0, 1.0, 0.0], "remote/format": [1.0, 0.0, 1.0]}
+    assert result.metrics["reward/remote/mean"] == pytest.approx(1.0)
+    assert result.metrics["reward/remote/choice/mean"] == pytest.approx(2 / 3)
+    assert result.metrics["reward/remote/format/mean"] == pytest.approx(2 / 3)
+
+
+WRONG_TOKEN = "wrong-token-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def example_service(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``reasonctl serve-rewards`` with examples/configs/reward_service.toml (JSON logs) in a
+    process of its own."""
+    from tests.service_support import ServiceProcess
+
+    pytest.importorskip("uvicorn")
+    config = tomllib.loads((REPO / "examples/configs/reward_service.toml").read_text())
+    config["server"]["log_format"] = "json"
+    service = ServiceProcess(config, tmp_path_factory.mktemp("service")).start()
+    yield service
+    service.stop()
+    log = service.log()
+    assert TOKEN not in log and WRONG_TOKEN not in log
+
+
+def example_trainer(service: Any, directory: Path) -> Path:
+    """examples/configs/quickstart_grpo_remote.toml pointed at ``service`` for two steps,
+    weighing a second served reward."""
+    import tomli_w
+
+    trainer = tomllib.loads((REPO / "examples/configs/quickstart_grpo_remote.toml").read_text())
+    (entry,) = trainer["rewards"]["components"]
+    entry.update(url=service.url, rewards={"choice": 1.0, "format": 0.5})
+    trainer["data"]["jsonl"]["path"] = str(REPO / trainer["data"]["jsonl"]["path"])
+    trainer["eval"]["data"] = str(REPO / trainer["eval"]["data"])
+    trainer["run"]["output_dir"] = str(directory / "run")
+    trainer["train"]["max_steps"] = 2
+    trainer["checkpoint"].update(every_steps=0, export_final=False)
+    config = directory / "trainer.toml"
+    config.write_text(tomli_w.dumps(trainer))
+    return config
+
+
+def reasonctl_cli(config: Path, *args: str, token: str | None) -> Any:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "REASONCTL_REWARD_TOKEN"}
+    if token is not None:
+        env["REASONCTL_REWARD_TOKEN"] = token
+    return subprocess.run([sys.executable, "-m", "reasonctl", *args, "-c", str(config)],
+                          capture_output=True, text=True, env=env, timeout=300,
+                          cwd=config.parent)
+
+
+def test_a_missing_or_refused_token_stops_before_the_model_loads(
+        example_service: Any, tmp_path: Path) -> None:
+    import httpx
+
+    config = example_trainer(example_service, tmp_path)
+    missing = reasonctl_cli(config, "config", "validate", token=None)
+    assert missing.returncode == 2, missing.stderr
+    assert "rewards.components.0.token_env: environment variable REASONCTL_REWARD_TOKEN is " \
+        "not set" in " ".join(missing.stderr.split())
+    for command in (["config", "validate"], ["run"]):
+        refused = reasonctl_cli(config, *command, token=WRONG_TOKEN)
+        assert refused.returncode == 2, refused.stderr
+        assert "rewards.components.0.token_env: reward 'remote': the reward service at " \
+            f"{example_service.url} refused the token in REASONCTL_REWARD_TOKEN (HTTP 401)" \
+            in " ".join(refused.stderr.split())
+        assert WRONG_TOKEN not in refused.stderr
+    assert not (tmp_path / "run").exists()  # stopped before anything was written
+
+    # the service answers WWW-Authenticate and logs each refusal, never the token
+    for headers, reason in (({}, "missing bearer token"),
+                            ({"Authorization": f"Bearer {WRONG_TOKEN}"},
+                             "invalid bearer token")):
+        answer = httpx.get(f"{example_service.url}/metrics", headers=headers, timeout=10)
+        assert answer.status_code == 401
+        assert answer.headers["www-authenticate"].startswith("Bearer")
+        deadline = time.monotonic() + 10
+        while not any(r["reason"] == reason and r["path"] == "/metrics"
+                      for r in _rejections(example_service.log())):
+            assert time.monotonic() < deadline, example_service.log()
+            time.sleep(0.1)
+
+
+def _rejections(log: str) -> list[dict[str, Any]]:
+    return [row for row in (json.loads(line) for line in log.splitlines()
+                            if line.startswith("{"))
+            if row.get("event") == "rejected" and row.get("status") == 401]
+
+
+@pytest.mark.slow
+def test_the_example_trainer_config_runs_against_the_example_service(
+        example_service: Any, tmp_path: Path) -> None:
+    config = example_trainer(example_service, tmp_path)
+    done = reasonctl_cli(config, "run", token=TOKEN)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
+            .splitlines()]
+    assert len(rows) == 2
+    for row in rows:  # the sum, and each served reward on its own
+        assert row["reward/remote/mean"] == pytest.approx(
+            row["reward/remote/choice/mean"] + 0.5 * row["reward/remote/format/mean"])
+        assert 0 <= row["reward/remote/choice/mean"] <= 1

@@ -355,6 +355,9 @@ def test_serve_rewards_cli_checks_the_config_and_exits_2(tmp_path: Path) -> None
     missing = _run("serve-rewards", "--config", str(config), "--check", env=env)
     assert missing.returncode == 2 and "auth.token_env: environment variable " \
         "REASONCTL_REWARD_TOKEN is not set" in missing.stderr
+    # the hint survives the redaction of printed errors
+    assert "`export REASONCTL_REWARD_TOKEN=$(openssl rand -hex 32)`" in \
+        "".join(missing.stderr.split("\n"))
     ok = _run("serve-rewards", "--config", str(config), "--check",
               env={**env, "REASONCTL_REWARD_TOKEN": TOKEN})
     assert ok.returncode == 0, ok.stderr
@@ -371,5 +374,5 @@ def test_the_example_service_config_is_valid(registry: Any) -> None:
     from reasonctl.reward_service.config import load_service_config
 
     config = load_service_config(REPO / "examples/configs/reward_service.toml", registry)
-    assert [r.name for r in config.rewards.components] == ["math", "format"]
+    assert [r.name for r in config.rewards.components] == ["math", "format", "choice"]
     assert config.rewards.components[1].options == {"answer_tag": "answer"}

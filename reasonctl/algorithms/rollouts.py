@@ -238,7 +238,8 @@ def collect_groups(ctx: RunContext, groups: Sequence[RolloutGroup],
     for group in groups:
         end = offset + len(group.completions)
         group.rewards = scores.totals[offset:end]
-        group.reward_components = {k: v[offset:end] for k, v in scores.components.items()}
+        group.reward_components = {k: v[offset:end] for k, v in
+                                   {**scores.components, **scores.parts}.items()}
         offset = end
 
 

@@ -36,7 +36,7 @@ from reasonctl.algorithms.rollouts import sampling_params
 from reasonctl.async_rl.messages import PromptBatch, RolloutBatch, WeightVersion
 from reasonctl.async_rl.transport import Entry, Transport
 from reasonctl.async_rl.weight_sync import WeightReceiver, receiver_for, version_of
-from reasonctl.backends.distributed import resolve_device
+from reasonctl.backends.distributed import resolve_device, run_device
 from reasonctl.core.config.redaction import redact_text
 from reasonctl.core.errors import ConfigError, ReasonctlError, UsageError
 from reasonctl.core.protocols import RunContext
@@ -116,7 +116,7 @@ class RolloutWorker:
         config = worker_config(transport.config_text(), list(overrides or []), device, host)
         ctx = RunContext(config=config, registry=host.registry, hooks=host.hooks,
                          output_dir=Path(config.run.output_dir))
-        target = resolve_device(config.backend.device)
+        target = run_device(config)
         if target.type == "cuda":  # kernels and CUDA graphs run on the current device
             import torch
 

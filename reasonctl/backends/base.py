@@ -401,7 +401,7 @@ class TorchBackend:
                     save_hf_export(
                         Path(directory), state, hf_model=self.hf_model, source=self.source,
                         dtype=dtype, tied_groups=self.tied_groups,
-                        max_shard_size=self.export_shard_size,
+                        max_shard_size=self.export_shard_size, run_config=ctx.config,
                     )
         finally:  # the other ranks wait here even when the main rank's write fails
             self.barrier()

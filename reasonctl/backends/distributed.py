@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from reasonctl.core.errors import ReasonctlError
+
+if TYPE_CHECKING:
+    from reasonctl.core.config import RunConfig
+
+DEFAULT_CPU_THREADS = 1
+"""Torch threads of a CPU run when neither ``backend.cpu_threads`` nor ``OMP_NUM_THREADS``
+says: the small models trained on a CPU run fastest on one thread, and several threads on
+a busy machine wait on each other (``bench/cpu_threads.py``)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -30,6 +39,29 @@ def resolve_device(name: str) -> torch.device:
         if device.index is None:
             device = torch.device("cuda", local_rank)
     return device
+
+
+def run_device(config: RunConfig) -> torch.device:
+    """The device of ``config.backend``, with the CPU thread count applied when it is the CPU
+    (see :func:`use_cpu_threads`)."""
+    device = resolve_device(config.backend.device)
+    use_cpu_threads(device, config.backend.cpu_threads)
+    return device
+
+
+def use_cpu_threads(device: torch.device, threads: int | None) -> int:
+    """Set torch's intra-op threads for work on ``device`` and return the count in use.
+
+    On the CPU: ``threads`` (``backend.cpu_threads``) when set, else ``OMP_NUM_THREADS``
+    when the user exported it (torch already read it), else :data:`DEFAULT_CPU_THREADS`.
+    Other devices leave torch's setting alone.
+    """
+    if device.type == "cpu":
+        if threads is None and not os.environ.get("OMP_NUM_THREADS", "").strip():
+            threads = DEFAULT_CPU_THREADS
+        if threads is not None and threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
+    return torch.get_num_threads()
 
 
 @dataclass(frozen=True)

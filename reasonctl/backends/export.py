@@ -4,8 +4,9 @@ The weights go through transformers' own ``save_pretrained`` (sharded safetensor
 ``config.json``, ``generation_config.json``, tied weights stored once, legacy key names
 restored where the library renames them on load), called on a weightless meta-device copy
 of the model with the gathered state dict, so the live (possibly sharded) model is never
-touched. Tokenizer and processor files are copied from the source model directory. The
-directory is written under a temporary name and renamed when complete.
+touched. Tokenizer and processor files are copied from the source model directory, and the
+run's generation settings written beside them. The directory is written under a temporary
+name and renamed when complete.
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ import copy
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from reasonctl.backends.generation_files import write_generation_files
 from reasonctl.core.errors import NonFiniteError
 from reasonctl.models.loading import ModelSource, quiet_transformers
+
+if TYPE_CHECKING:
+    from reasonctl.core.config import RunConfig
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 TOKENIZER_AND_PROCESSOR_FILES = (
@@ -72,11 +77,14 @@ def save_hf_export(
     dtype: torch.dtype,
     tied_groups: Sequence[Sequence[str]] = (),
     max_shard_size: str = DEFAULT_MAX_SHARD_SIZE,
+    run_config: RunConfig | None = None,
 ) -> Path:
     """Write ``state_dict`` (full tensors, Hugging Face names) as a model directory.
 
     ``hf_model`` supplies the class, config and generation config (its weights are not
-    read). Returns ``directory``. Weights holding NaN or infinity are never written
+    read). With ``run_config``, the run's stops and sampling go into the generation config
+    and ``reasonctl_generation.toml`` (:mod:`reasonctl.backends.generation_files`).
+    Returns ``directory``. Weights holding NaN or infinity are never written
     (:class:`~reasonctl.core.errors.NonFiniteError`).
     """
     directory = Path(directory)
@@ -95,6 +103,8 @@ def save_hf_export(
     quiet_transformers()
     skeleton.save_pretrained(tmp, state_dict=weights, max_shard_size=max_shard_size)
     copy_tokenizer_files(tmp, [source.model_dir, source.tokenizer_dir])
+    if run_config is not None:
+        write_generation_files(tmp, run_config)
     if directory.exists():
         shutil.rmtree(directory)
     tmp.rename(directory)

@@ -73,7 +73,7 @@ from torch.distributed.tensor import DTensor
 from reasonctl.backends.base import TorchBackend
 from reasonctl.backends.compile import compile_blocks
 from reasonctl.backends.context_parallel import enable_context_parallel
-from reasonctl.backends.distributed import init_process_group, resolve_device
+from reasonctl.backends.distributed import init_process_group, run_device
 from reasonctl.backends.export import tied_parameter_groups
 from reasonctl.backends.layout import fsdp_layout_problems
 from reasonctl.backends.lora import LoraState
@@ -129,7 +129,7 @@ class FSDPBackend(TorchBackend):
     def build(self, ctx: RunContext) -> None:
         """Join the process group, build the mesh, shard the model, create AdamW."""
         config = ctx.config
-        self.device = resolve_device(config.backend.device)
+        self.device = run_device(config)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         group = init_process_group(self.device)

@@ -11,7 +11,7 @@ import torch
 
 from reasonctl.backends.base import TorchBackend
 from reasonctl.backends.compile import compile_blocks
-from reasonctl.backends.distributed import resolve_device
+from reasonctl.backends.distributed import run_device
 from reasonctl.backends.export import tied_parameter_groups
 from reasonctl.backends.lora import LoraState
 from reasonctl.backends.optim import build_optimizer, build_scheduler
@@ -58,7 +58,7 @@ class SingleDeviceBackend(TorchBackend):
                 "--backend fsdp with --nproc-per-node, or launch one process"
             )
         config = ctx.config
-        self.device = resolve_device(config.backend.device)
+        self.device = run_device(config)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.compute_dtype = compute_dtype(config.model.dtype, self.device)

@@ -137,9 +137,19 @@ def run_command(
     ] = None,
 ) -> None:
     """Train: SFT, GRPO or any installed algorithm, as configured."""
+    from reasonctl.core.config.loading import InvalidConfigError
+
     values = common.flag_values(algo=algo, backend=backend, output_dir=output_dir, resume=resume,
                                 resume_with_changes=resume_with_changes)
-    cfg = common.load(config, set_, values)
+    try:
+        cfg = common.load(config, set_, values)
+    except InvalidConfigError as exc:  # every problem at once: the world's ones too
+        if common.inside_launcher():
+            raise
+        from reasonctl.core.composition import with_preflight_problems
+
+        raise with_preflight_problems(exc, common.host().registry,
+                                      processes=nproc_per_node * nnodes) from None
     launched = nproc_per_node > 1 or nnodes > 1
     if launched and cfg.backend.name == "single":
         fail("the 'single' backend runs one process; use --backend fsdp (or megatron) with "

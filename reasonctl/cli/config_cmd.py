@@ -69,10 +69,14 @@ def validate(
 ) -> None:
     """Check the configuration and what it needs (files, devices) without running; exit 2
     listing every problem."""
-    from reasonctl.core.composition import preflight
+    from reasonctl.core.composition import preflight, with_preflight_problems
+    from reasonctl.core.config.loading import InvalidConfigError
 
     common.warn_plugin_errors()
-    cfg = common.load(config, set_, common.flag_values(algo=algo, backend=backend))
+    try:
+        cfg = common.load(config, set_, common.flag_values(algo=algo, backend=backend))
+    except InvalidConfigError as exc:  # every problem at once: the world's ones too
+        raise with_preflight_problems(exc, common.host().registry) from None
     preflight(cfg, common.host().registry)
     typer.echo(f"ok: algorithm={cfg.algorithm.name} backend={cfg.backend.name} "
                f"data={cfg.data.format} output_dir={cfg.run.output_dir}")

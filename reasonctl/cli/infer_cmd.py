@@ -30,8 +30,11 @@ def infer_command(
         int | None,
         typer.Option("--max-pixels", min=1, help="Pixels per image or video frame at most."),
     ] = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 256,
-    temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.0,
+    max_new_tokens: Annotated[int | None, typer.Option(
+        "--max-new-tokens", min=1, help="Default: eval.max_new_tokens, else "
+        "rollout.max_new_tokens (256).")] = None,
+    temperature: Annotated[float | None, typer.Option(
+        "--temperature", min=0.0, help="Default: eval.temperature (0, greedy).")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     output: Annotated[Path, typer.Option("--output", help="Diffusion models: the file to "
                                          "write (.png for images, .mp4 for videos).")
@@ -52,20 +55,30 @@ def infer_command(
 
     ``--image`` / ``--video`` put the file before the text in the user message; they need a
     vision-language model (e.g. Qwen2.5-VL, Qwen3-VL). ``--config`` reads the run config
-    (the rollout engine's section, data.system_prompt, the data format's fps and
-    max_pixels, rollout.stop and rollout.suppress_tokens); the flags win over it. A
-    diffusers pipeline directory generates an image or a video for ``--prompt`` instead
-    and writes it to ``--output``.
+    (the rollout engine's section, data.system_prompt and prompt_template, the data
+    format's fps and max_pixels, rollout.stop, top_p, top_k and suppress_tokens, eval's
+    temperature and max_new_tokens); the flags win over it. Without ``--config``, the
+    same settings come from the ``reasonctl_generation.toml`` a training export holds,
+    so the answer stops where the run's rollouts stopped. A diffusers pipeline directory
+    generates an image or a video for ``--prompt`` instead and writes it to ``--output``.
     """
+    from reasonctl.backends.generation_files import generation_settings_file
     from reasonctl.cli import common
     from reasonctl.core.errors import DataError, UsageError
     from reasonctl.core.protocols import StreamsText
-    from reasonctl.core.types import ContentPart, Message, Sample, SamplingParams
+    from reasonctl.core.types import ContentPart, Message, Sample
     from reasonctl.data.formats.media_options import MediaOptions
-    from reasonctl.data.processing import suppressed_token_ids
+    from reasonctl.data.messages import apply_prompt_options
+    from reasonctl.diffusion.infer import is_diffusion_model
+    from reasonctl.evaluation.scoring import sampling_for_eval
     from reasonctl.evaluation.standalone import load_engine
+    from reasonctl.models.loading import resolve_model_dir
 
     run_config = common.load(config, set_, values={})
+    model_dir = resolve_model_dir(model, registry=common.host().registry, config=run_config)
+    exported = generation_settings_file(model_dir) if not config else None
+    if exported is not None:  # the run's own generation settings, below --set and REASONCTL_*
+        run_config = common.load([str(exported)], set_, values={})
     media = run_config.component_config("data", run_config.data.format)
     if isinstance(media, MediaOptions):
         fps = fps if fps is not None else media.fps
@@ -80,28 +93,27 @@ def infer_command(
                                      max_pixels=max_pixels,
                                      fps=fps if kind == "video" else None))
     parts.append(ContentPart("text", text=prompt))
-    diffusion = _diffusion_model_dir(model, run_config)
-    if diffusion is not None:
+    if is_diffusion_model(model_dir):
         from reasonctl.diffusion.infer import InferOptions, generate
 
-        written = generate(diffusion, prompt, InferOptions(
+        written = generate(model_dir, prompt, InferOptions(
             height=height, width=width, frames=frames, steps=steps,
             guidance_scale=guidance_scale, seed=seed, output=output))
         sys.stdout.write(f"{written}\n")
         return
-    messages = [Message("user", parts)]
-    if system_prompt:
-        messages.insert(0, Message("system", [ContentPart("text", text=system_prompt)]))
-    engine, processor = load_engine(model, run_config, common.host().registry)
+    messages = apply_prompt_options([Message("user", parts)], system_prompt or None,
+                                    run_config.data.prompt_template)
+    engine, processor = load_engine(str(model_dir), run_config, common.host().registry)
     flags = [f"--{kind}" for kind, path in (("image", image), ("video", video)) if path]
     try:
         encoded = processor.encode_prompt(Sample(messages, source="/".join(flags or ["--prompt"])))
     except DataError as exc:  # a file that is no image/video, a prompt over model.max_length
         raise UsageError(str(exc)) from exc
-    params = SamplingParams(
-        temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-        stop=list(run_config.rollout.stop),
-        suppress_token_ids=suppressed_token_ids(processor, run_config.rollout.suppress_tokens))
+    params = sampling_for_eval(run_config, seed=seed, processor=processor)
+    if temperature is not None:
+        params.temperature = temperature
+    if max_new_tokens is not None:
+        params.max_new_tokens = max_new_tokens
     if isinstance(engine, StreamsText):
         pieces: Any = engine.stream(encoded.as_prompt(), params)
     else:
@@ -111,15 +123,3 @@ def infer_command(
         sys.stdout.flush()
     sys.stdout.write("\n")
     sys.stdout.flush()
-
-
-def _diffusion_model_dir(model: str, run_config: Any) -> Path | None:
-    """The local directory of ``model`` when it is a diffusion pipeline (or its LoRA)."""
-    from reasonctl.cli import common
-    from reasonctl.diffusion.infer import is_diffusion_model
-    from reasonctl.models.loading import resolve_model_dir
-
-    if model == "tiny-random":
-        return None
-    directory = resolve_model_dir(model, registry=common.host().registry, config=run_config)
-    return directory if is_diffusion_model(directory) else None

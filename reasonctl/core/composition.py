@@ -30,6 +30,7 @@ from reasonctl.core.protocols import (
 
 if TYPE_CHECKING:
     from reasonctl.core.config import RunConfig
+    from reasonctl.core.config.loading import InvalidConfigError
     from reasonctl.core.protocols import (
         Algorithm,
         Backend,
@@ -64,7 +65,8 @@ def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1,
     algorithm's config model declares :class:`~reasonctl.core.protocols.Needs` with a
     dataset, or declares none) and the algorithm's own view of the config (its config
     model's :class:`~reasonctl.core.protocols.ValidatesRunConfig`) on ``world_size``
-    data-parallel ranks, and the backend's (its config model's, likewise). With
+    data-parallel ranks, the backend's (its config model's, likewise) and each reward's
+    (:func:`reward_problems`, e.g. the ``remote`` reward's token). With
     ``processes`` (the launcher's process count) the backend's config model checks its
     layout (:class:`~reasonctl.core.protocols.ValidatesProcessLayout`) and says how many of
     them are data-parallel ranks.
@@ -88,9 +90,40 @@ def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1,
         problems += options.config_problems(config, world_size=world_size)
     if isinstance(backend_options, ValidatesRunConfig):
         problems += backend_options.config_problems(config, world_size=world_size)
+    problems += reward_problems(config, registry, world_size=world_size)
     problems += placement_problems(config, options)
     if problems:
         raise ConfigError(problems)
+
+
+def with_preflight_problems(error: InvalidConfigError, registry: Registry,
+                            **options: Any) -> ConfigError:
+    """``error``'s problems and the :func:`preflight` problems of the config's valid part
+    (a missing data file next to a misspelt key), the values left out not reported twice.
+    ``options`` go to :func:`preflight`."""
+    problems = list(error.problems)
+    if error.valid_part is not None:
+        try:
+            preflight(error.valid_part, registry, **options)
+        except ConfigError as found:
+            problems += [p for p in found.problems if not error.covers(p) and p not in problems]
+    return ConfigError(problems)
+
+
+def reward_problems(config: RunConfig, registry: Registry, *, world_size: int = 1
+                    ) -> list[str]:
+    """The pre-flight problems each ``[[rewards.components]]`` entry's config model reports
+    (:class:`~reasonctl.core.protocols.ValidatesRunConfig`), under the entry's path."""
+    try:
+        entries = config.reward_configs(registry)
+    except ReasonctlError:
+        return []  # an unknown reward is a schema problem, reported by validation
+    problems = []
+    for index, (_entry, options) in enumerate(entries):
+        if isinstance(options, ValidatesRunConfig):
+            problems += [f"rewards.components.{index}.{problem}"
+                         for problem in options.config_problems(config, world_size=world_size)]
+    return problems
 
 
 def build_backend(ctx: RunContext) -> Backend:

@@ -54,8 +54,12 @@ def output_lock(output_dir: Path, *, log: Callable[[str], None]) -> Iterator[str
     if inherited and read_holder(path).get("token") == inherited:
         yield inherited
         return
-    Path(output_dir).mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise UsageError(f"run.output_dir: cannot create or write {output_dir} "
+                         f"({exc.strerror or exc}); choose a directory you can write") from exc
     try:
         previous = _acquire(fd, path)
         if previous.get("pid"):

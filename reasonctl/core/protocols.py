@@ -196,12 +196,13 @@ class Closes(Protocol):
 
 @runtime_checkable
 class ValidatesRunConfig(Protocol):
-    """Optional for an algorithm's or a backend's config model: problems of the whole run
-    config that the component can tell before any model or data is loaded (default: none),
-    e.g. SFT's global batch splitting into micro-batches. ``reasonctl config validate`` and
-    ``reasonctl run`` report them with the other pre-flight problems, as ``path: message``
-    lines (exit 2). It lives on the config model, which imports nothing heavy, so the
-    check stays fast."""
+    """Optional for an algorithm's, a backend's or a reward's config model: problems of the
+    whole run config that the component can tell before any model or data is loaded
+    (default: none), e.g. SFT's global batch splitting into micro-batches, or the
+    ``remote`` reward's token. ``reasonctl config validate`` and ``reasonctl run`` report
+    them with the other pre-flight problems, as ``path: message`` lines (exit 2); a
+    reward's paths are relative to its ``[[rewards.components]]`` entry. It lives on the
+    config model, which imports nothing heavy, so the check stays fast."""
 
     def config_problems(self, config: RunConfig, *, world_size: int) -> list[str]:
         """Problems of ``config`` for this algorithm on ``world_size`` data-parallel ranks."""

@@ -50,20 +50,39 @@ class RewardTerm:
     weight: float = 1.0
 
 
+class ScoresWithParts(list):  # type: ignore[type-arg]
+    """What a reward made of several parts may return: its scores (a list, as any reward
+    returns) and ``parts[name][i]``, each part's own score of completion ``i`` (``None``
+    where it does not apply). The ``remote`` reward returns the weighted sum of the
+    service's rewards and each of them as a part.
+
+    :class:`RewardSet` reports a part as ``<reward>/<part>`` in
+    :attr:`RewardScores.parts` and in the metrics (``reward/remote/math/mean``), and never
+    adds it to the totals again.
+    """
+
+    def __init__(self, scores: Sequence[float | None],
+                 parts: dict[str, Sequence[float | None]]) -> None:
+        super().__init__(scores)
+        self.parts = {name: list(values) for name, values in parts.items()}
+
+
 @dataclass
 class RewardScores:
     """What :meth:`RewardSet.score` returns.
 
     ``totals[i]`` is the weighted sum for completion ``i`` (``None`` scores count 0);
-    ``components[name][i]`` the raw score of each reward; ``metrics`` the ``reward/...``
-    means, standard deviations, coverages and error count; ``errors`` the failures that
-    were scored 0 under ``on_error = "zero"``.
+    ``components[name][i]`` the raw score of each reward; ``parts["<reward>/<part>"][i]``
+    the parts a reward reported (:class:`ScoresWithParts`); ``metrics`` the ``reward/...``
+    means, standard deviations, coverages and error count of both; ``errors`` the failures
+    that were scored 0 under ``on_error = "zero"``.
     """
 
     totals: list[float]
     components: dict[str, list[float | None]]
     metrics: Metrics
     errors: list[RewardError] = field(default_factory=list)
+    parts: dict[str, list[float | None]] = field(default_factory=dict)
 
 
 @dataclass
@@ -76,6 +95,7 @@ class PendingScores:
     handles: dict[str, Callable[[], Any]] = field(default_factory=dict)
     components: dict[str, list[float | None]] = field(default_factory=dict)
     errors: dict[str, list[RewardError]] = field(default_factory=dict)
+    parts: dict[str, list[float | None]] = field(default_factory=dict)
     collected: bool = False
 
 
@@ -158,7 +178,7 @@ class RewardSet:
             if term.name not in pending.handles:
                 errors = pending.errors.setdefault(term.name, [])
                 pending.components[term.name] = self._score_term(term, completions, samples,
-                                                                 errors)
+                                                                 errors, parts=pending.parts)
         return pending
 
     def collect(self, pending: PendingScores) -> RewardScores:
@@ -172,14 +192,17 @@ class RewardSet:
             if first is not None:
                 errors = pending.errors.setdefault(term.name, [])
                 pending.components[term.name] = self._score_term(term, completions, samples,
-                                                                 errors, first=first)
+                                                                 errors, first=first,
+                                                                 parts=pending.parts)
         components = {t.name: pending.components[t.name] for t in self.terms}
         errors = [e for t in self.terms for e in pending.errors.get(t.name, [])]
         totals = [
             math.fsum(t.weight * (components[t.name][i] or 0.0) for t in self.terms)
             for i in range(len(completions))
         ]
-        return RewardScores(totals, components, _metrics(totals, components, errors), errors)
+        parts = dict(pending.parts)
+        return RewardScores(totals, components, _metrics(totals, {**components, **parts}, errors),
+                            errors, parts)
 
     def _score_term(
         self,
@@ -189,10 +212,16 @@ class RewardSet:
         errors: list[RewardError],
         *,
         first: Callable[[], Any] | None = None,
+        parts: dict[str, list[float | None]],
     ) -> list[float | None]:
         try:
             values = first() if first is not None else term.reward(completions, samples)
-            return _checked(term.name, values, len(completions))
+            checked = _checked(term.name, values, len(completions))
+            if isinstance(values, ScoresWithParts):
+                for part, scores in values.parts.items():
+                    name = f"{term.name}/{part}"
+                    parts[name] = _checked(name, scores, len(completions))
+            return checked
         except Exception as exc:
             batch_error = exc
         if first is not None:  # scored elsewhere: not re-sent one completion at a time
@@ -366,4 +395,4 @@ def _metrics(
     return metrics
 
 
-__all__ = ["PendingScores", "RewardScores", "RewardSet", "RewardTerm"]
+__all__ = ["PendingScores", "RewardScores", "RewardSet", "RewardTerm", "ScoresWithParts"]

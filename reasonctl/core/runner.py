@@ -252,7 +252,9 @@ def _loop(ctx: RunContext, algorithm: Algorithm, loggers: list[Logger], uploader
         if ctx.evaluator is not None and ctx.step % config.eval.every_steps == 0:
             metrics.update(ctx.evaluator.evaluate(ctx))
         ctx.hooks.on_step_end(ctx, ctx.step, metrics)
-        if ctx.step % config.logging.every_steps == 0 or ctx.step == ctx.total_steps:
+        evaluated = any(key.startswith("eval/") for key in metrics)  # never left unlogged
+        if evaluated or ctx.step % config.logging.every_steps == 0 or \
+                ctx.step == ctx.total_steps:
             for logger in loggers:
                 logger.log(metrics, ctx.step)
         if nonfinite and config.train.on_nonfinite == "stop":

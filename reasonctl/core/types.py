@@ -139,7 +139,9 @@ class RolloutGroup:
 
     ``prompt`` is the encoded prompt (a :class:`reasonctl.data.processing.EncodedSample`
     holding the token ids and any vision tensors) when the group was sampled by
-    :func:`reasonctl.sample_groups`.
+    :func:`reasonctl.sample_groups`. ``reward_components`` holds each reward's scores,
+    and the parts a reward reports as ``<reward>/<part>`` (``remote/math``), which the
+    weighted ``rewards`` do not count again.
     """
 
     sample: Sample

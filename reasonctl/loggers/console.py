@@ -12,7 +12,10 @@ plus the first and last logged steps::
 
 The metrics shown are the key metrics of
 :mod:`~reasonctl.loggers.metric_names` (loss, lr, tokens/s, reward mean); stdout
-stays free for a command's own output.
+stays free for a command's own output. A step that ran the in-loop evaluation
+(``eval.every_steps``) also gets a line of its own, whatever ``every_steps`` says::
+
+    step 20/100 eval: accuracy 0.75
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reasonctl.loggers.metric_names import find_value, tokens_per_second
+from reasonctl.loggers.metric_names import evaluation_scores, find_value, tokens_per_second
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -101,11 +104,14 @@ class ConsoleLogger:
         self._progress.start()
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
-        """Show the progress and key metrics of ``step``."""
+        """Show the progress and key metrics of ``step`` (and its evaluation, if one ran)."""
+        evaluation = self._evaluation_line(metrics, step)
         if self._progress is not None and self._task is not None:
             self._progress.update(
                 self._task, completed=step, metrics=" · ".join(_summary(metrics, bar=True))
             )
+            if evaluation:
+                self._progress.console.print(evaluation, markup=False, highlight=False)
             return
         line = self._line(metrics, step)
         self._last = (step, line)
@@ -113,6 +119,16 @@ class ConsoleLogger:
             step // self.every_steps > self._printed_step // self.every_steps
         ):
             self._print(line, step)
+        if evaluation:
+            print(evaluation, file=sys.stderr, flush=True)
+
+    def _evaluation_line(self, metrics: Mapping[str, Any], step: int) -> str:
+        scores = evaluation_scores(metrics)
+        if not scores:
+            return ""
+        where = f"step {step}/{self.total_steps}" if self.total_steps else f"step {step}"
+        return f"{where} eval: " + " · ".join(
+            f"{label} {format_number(value)}" for label, value in scores.items())
 
     def close(self) -> None:
         """Stop the bar, or print the last logged step if its line was not shown yet."""

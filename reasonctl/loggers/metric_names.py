@@ -21,8 +21,13 @@ KEY_METRICS: dict[str, tuple[str, ...]] = {
     "entropy": ("entropy", "entropy/mean"),
     "response_length": ("response_length/mean", "response_length", "completion_length/mean"),
     "tokens_per_s": ("tokens_per_s", "throughput/tokens_per_s"),
+    "eval": ("eval/accuracy", "eval/reward/mean", "eval/reward"),
 }
 """Key metric -> the metric names it is recognised under, in order of preference."""
+
+EVAL_PREFIX = "eval/"
+"""In-loop evaluation metrics (``eval.every_steps``): ``eval/accuracy`` of language models,
+``eval/reward/...`` of diffusion models, and per data source ``eval/<source>/accuracy``."""
 
 TOKENS = ("tokens", "num_tokens")
 """Per-step token counts; with ``step_time_s`` they give tokens/s when no rate is logged."""
@@ -62,3 +67,24 @@ def tokens_per_second(metrics: Mapping[str, Any]) -> float | None:
     if tokens is None or not seconds or not math.isfinite(seconds) or seconds <= 0:
         return None
     return tokens / seconds
+
+
+def evaluation_scores(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """``label -> value`` of the in-loop evaluation in ``metrics`` (empty when none ran).
+
+    The key evaluation metric comes first (``accuracy`` or ``reward``), then, when there
+    are several data sources, the accuracy of each.
+    """
+    name = find_name(metrics, "eval")
+    value = None if name is None else as_float(metrics[name])
+    if name is None or value is None:
+        return {}
+    label = name.removeprefix(EVAL_PREFIX).removesuffix("/mean")
+    scores = {label: value}
+    sources = {key.removeprefix(EVAL_PREFIX).removesuffix("/accuracy"): as_float(item)
+               for key, item in metrics.items()
+               if key.startswith(EVAL_PREFIX) and key.endswith("/accuracy") and key != name
+               and key.count("/") == 2}
+    if len(sources) > 1:
+        scores.update({source: score for source, score in sources.items() if score is not None})
+    return scores

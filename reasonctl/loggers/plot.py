@@ -2,10 +2,12 @@
 
 Drawn at the end of a run by the ``jsonl`` logger when ``logging.plot`` is true, from
 ``metrics.jsonl``. Panels follow :data:`~reasonctl.loggers.metric_names.KEY_METRICS`
-(loss, reward, learning rate, gradient norm, KL, entropy, response length, tokens/s); a run
-that logs none of them gets a panel for each of its first numeric metrics instead. Long
-noisy series are drawn faintly with an exponential moving average on top; the reward panel
-shades one standard deviation when ``reward/std`` is logged.
+(loss, reward, learning rate, gradient norm, KL, entropy, response length, tokens/s, the
+in-loop evaluation); a run that logs none of them gets a panel for each of its first numeric
+metrics instead. Long noisy series are drawn faintly with an exponential moving average on
+top; the reward panel shades one standard deviation when ``reward/std`` is logged; the
+evaluation panel marks each evaluation and, with several data sources, draws each source's
+accuracy too.
 
 The figure is rendered with matplotlib's Agg canvas directly, without ``pyplot``, so it
 works headless and never changes the backend of a notebook that embeds a run.
@@ -18,7 +20,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reasonctl.loggers.metric_names import KEY_METRICS, STEP_TIME, as_float, find_name
+from reasonctl.loggers.metric_names import (
+    EVAL_PREFIX,
+    KEY_METRICS,
+    STEP_TIME,
+    as_float,
+    find_name,
+)
 from reasonctl.loggers.metrics_file import read_metrics
 
 if TYPE_CHECKING:
@@ -34,6 +42,7 @@ TITLES = {
     "entropy": "entropy",
     "response_length": "response length (tokens)",
     "tokens_per_s": "throughput (tokens/s)",
+    "eval": "evaluation",
 }
 FALLBACK_PANELS = 6
 SMOOTH_FROM_POINTS = 50
@@ -122,6 +131,10 @@ def _draw(ax: Axes, records: list[dict[str, Any]], title: str, name: str) -> Non
         ax.plot(steps, moving_average(values), color="C0", linewidth=1.8)
     if name in KEY_METRICS["reward"]:
         _std_band(ax, records, name, steps, values)
+    if name in KEY_METRICS["eval"]:
+        ax.lines[0].set_marker("o")
+        ax.lines[0].set_markersize(3)
+        _eval_sources(ax, records, name)
     ax.set_title(title if title == name else f"{title}  [{name}]", fontsize=10)
     ax.set_xlabel("step")
     ax.grid(True, alpha=0.3)
@@ -139,3 +152,17 @@ def _std_band(ax: Axes, records: list[dict[str, Any]], name: str,
     low = [v - s for v, s in zip(values, spread, strict=True)]
     high = [v + s for v, s in zip(values, spread, strict=True)]
     ax.fill_between(steps, low, high, color="C0", alpha=0.15, linewidth=0)
+
+
+def _eval_sources(ax: Axes, records: list[dict[str, Any]], name: str) -> None:
+    sources = sorted({key for record in records for key in record
+                      if key.startswith(EVAL_PREFIX) and key.endswith("/accuracy")
+                      and key.count("/") == 2 and key != name})
+    if len(sources) < 2:
+        return
+    ax.lines[0].set_label(name.removeprefix(EVAL_PREFIX))
+    for index, source in enumerate(sources, start=1):
+        steps, values = series(records, source)
+        ax.plot(steps, values, color=f"C{index}", linewidth=1.0, marker="o", markersize=2,
+                label=source.removeprefix(EVAL_PREFIX).removesuffix("/accuracy"))
+    ax.legend(fontsize=7)

@@ -2,13 +2,16 @@
 time, never logged; every route but ``/health`` needs one.
 
 :class:`BearerAuth` is plain ASGI middleware, so a request without a valid token is
-answered 401 before its body is read.
+answered 401 (with ``WWW-Authenticate: Bearer``) before its body is read, and logged as a
+``rejected`` event with its method, path, client address and reason (never the token or
+any header).
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import logging
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
@@ -19,6 +22,7 @@ from reasonctl.core.errors import ConfigError
 from reasonctl.reward_service.config import AuthSection
 
 OPEN_PATHS = frozenset({"/health"})
+logger = logging.getLogger("reasonctl.reward_service")
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -106,6 +110,10 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         reason = "missing bearer token" if not header else "invalid bearer token"
+        client = scope.get("client") or ("?", 0)
+        logger.warning("request rejected: %s", reason, extra={
+            "event": "rejected", "status": 401, "reason": reason, "method": scope.get("method"),
+            "path": scope["path"], "client": str(client[0])})
         body = json.dumps({"error": f"{reason}: send 'Authorization: Bearer <token>'"}).encode()
         await send({"type": "http.response.start", "status": 401, "headers": [
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),

@@ -13,14 +13,18 @@ on_error = "raise"                      # or "zero" / "skip" when the service fa
 It is asynchronous (:class:`~reasonctl.SubmitsAsync`): :meth:`RemoteReward.submit` sends
 the batch in background threads and returns at once, :meth:`RemoteReward.collect` waits for
 the scores, so GRPO's log-prob passes run while the service scores. Its score per completion
-is the weighted sum of the service's rewards (``None`` where all of them said ``None``).
+is the weighted sum of the service's rewards (``None`` where all of them said ``None``); each
+served reward is reported too (:class:`~reasonctl.core.reward_set.ScoresWithParts`), logged
+as ``reward/remote/<name>/mean``.
 With ``media_type`` image, video or latent it scores generated media
 (:class:`~reasonctl.ScoresMedia`): completions are numpy arrays, sent as one ``.npy``
 array per request.
 
-When built it checks the token, the reward names and their media with the service (a
-mistake is a :class:`~reasonctl.core.errors.UsageError` before any rollout); a request the
-service refuses later raises whatever ``on_error`` says.
+Pre-flight (``reasonctl config validate`` and ``reasonctl run``, before a model loads) and
+again when built, it checks that the token variable is set and that the service accepts
+the token and serves the rewards for ``media_type`` (a mistake is exit 2 naming the fix; a
+service not reachable yet is not). A request the service refuses later raises whatever
+``on_error`` says.
 """
 
 from __future__ import annotations
@@ -32,15 +36,20 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
 from reasonctl.core.config.redaction import remember_secret_variables
-from reasonctl.core.errors import ReasonctlError, RewardError
+from reasonctl.core.errors import RewardError, UsageError, did_you_mean
+from reasonctl.core.reward_set import ScoresWithParts
 from reasonctl.core.types import Sample
 from reasonctl.rewards.base import RewardConfig
+
+if TYPE_CHECKING:
+    from reasonctl.core.config import RunConfig
+    from reasonctl.reward_service.client import RewardServiceClient
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +93,21 @@ class RemoteConfig(RewardConfig):
                              "https://rewards.example.org")
         return value.rstrip("/")
 
+    def config_problems(self, config: RunConfig, *, world_size: int) -> list[str]:
+        """Pre-flight: the token variable is set, and a reachable service accepts the token
+        and serves the rewards for ``media_type`` (``key: message`` lines under this
+        reward's entry)."""
+        from reasonctl.reward_service.client import RewardServiceClient
+
+        token = _token(self)
+        if not token:
+            return [f"token_env: {_missing_token(self)}"]
+        client = RewardServiceClient(self.url, token)
+        try:
+            return [f"{key}: {message}" for key, message in service_problems(self, client)[0]]
+        finally:
+            client.close()
+
 
 @dataclass
 class _Submitted:
@@ -100,12 +124,9 @@ class RemoteReward:
         from reasonctl.reward_service.client import RewardServiceClient
 
         self.config = config
-        remember_secret_variables([config.token_env])
-        token = os.environ.get(config.token_env, "").strip()
+        token = _token(config)
         if not token:
-            raise ReasonctlError(
-                f"reward 'remote': environment variable {config.token_env} is not set; export "
-                "the reward service's token there (or name another variable with token_env)")
+            raise UsageError(f"reward 'remote': {_missing_token(config)}")
         if urlsplit(config.url).scheme == "http" and not _is_local(config.url):
             logger.warning("reward 'remote' sends its token to %s without TLS; put the "
                            "service behind an https proxy", config.url)
@@ -117,31 +138,19 @@ class RemoteReward:
         """Check the token, the reward names and their media with the service now, before
         a run spends a rollout on a request it would refuse; a service not reachable yet
         is only a warning (each batch is retried until ``timeout``)."""
-        from reasonctl.core.errors import UsageError, did_you_mean
-
         cfg = self.config
-        health, status = self.client.probe()
-        if health is None and status is None:
+        problems, reachable = service_problems(cfg, self.client)
+        if not reachable:
             logger.warning("reward 'remote': the reward service at %s is not reachable now; "
                            "each batch is retried until the remote reward's timeout (%gs)",
                            cfg.url, cfg.timeout)
             return
-        if status in (401, 403):
-            raise UsageError(_token_advice(cfg, status))
-        served = (health or {}).get("rewards")
-        if not isinstance(served, dict):
-            return  # not a reasonctl service (or an older one): nothing more to check
-        problems = []
-        for name in cfg.rewards:
-            if name not in served:
-                close = did_you_mean(name, served)
-                problems.append(f"{name!r} is not served there"
-                                + (f" (did you mean {close!r}?)" if close else "")
-                                + f"; served: {', '.join(sorted(served)) or 'none'}")
-            elif served[name] != cfg.media_type:
-                problems.append(_media_advice(name, str(served[name]), cfg.media_type))
+        refused = [message for key, message in problems if key == "token_env"]
+        if refused:
+            raise UsageError(refused[0])
         if problems:
-            raise UsageError(f"reward 'remote' ({cfg.url}): " + "; ".join(problems))
+            raise UsageError(f"reward 'remote' ({cfg.url}): "
+                             + "; ".join(message for _, message in problems))
 
     def __repr__(self) -> str:
         return f"RemoteReward(url={self.config.url!r}, rewards={self.config.rewards!r})"
@@ -181,6 +190,7 @@ class RemoteReward:
         from reasonctl.reward_service.client import ServiceRefused
 
         out: list[float | None] = []
+        parts: dict[str, list[float | None]] = {name: [] for name in self.config.rewards}
         for future, size in zip(handle.futures, handle.sizes, strict=True):
             try:
                 if isinstance(future, BaseException):
@@ -192,12 +202,18 @@ class RemoteReward:
                 raise RewardError(advice, reward=NAME) from None
             except Exception as exc:
                 out += self._failed(f"{type(exc).__name__}: {exc}", size)
+                for values in parts.values():
+                    values += [None] * size
                 continue
             if answer.get("status") != "done":
                 out += self._failed(str(answer.get("error") or answer), size)
+                for values in parts.values():
+                    values += [None] * size
                 continue
             out += self._weighted(answer["scores"], size)
-        return out
+            for name, values in parts.items():
+                values += [_score(v) for v in answer["scores"][name][:size]]
+        return ScoresWithParts(out, parts)
 
     def _weighted(self, scores: dict[str, list[float | None]], size: int) -> list[float | None]:
         out: list[float | None] = []
@@ -231,6 +247,48 @@ def remote_reward(config: RemoteConfig) -> RemoteReward:
     return RemoteReward(config) if config.media_type == "text" else RemoteMediaReward(config)
 
 
+def service_problems(config: RemoteConfig, client: RewardServiceClient
+                     ) -> tuple[list[tuple[str, str]], bool]:
+    """What the service at ``config.url`` says about ``config``: ``(key, message)``
+    problems (``token_env`` for a refused token, ``rewards`` for a reward it does not serve
+    or serves for other media) and whether it answered at all (an unreachable service has
+    no problems yet: each batch is retried until ``timeout``)."""
+    health, status = client.probe()
+    if health is None and status is None:
+        return [], False
+    if status in (401, 403):
+        return [("token_env", _token_advice(config, status))], True
+    served = (health or {}).get("rewards")
+    if not isinstance(served, dict):
+        return [], True  # not a reasonctl service (or an older one): nothing more to check
+    problems = []
+    for name in config.rewards:
+        if name not in served:
+            close = did_you_mean(name, served)
+            problems.append(("rewards", f"{name!r} is not served there"
+                             + (f" (did you mean {close!r}?)" if close else "")
+                             + f"; served: {', '.join(sorted(served)) or 'none'}"))
+        elif served[name] != config.media_type:
+            problems.append(("rewards", _media_advice(name, str(served[name]),
+                                                      config.media_type)))
+    return problems, True
+
+
+def _token(config: RemoteConfig) -> str:
+    remember_secret_variables([config.token_env])
+    return os.environ.get(config.token_env, "").strip()
+
+
+def _missing_token(config: RemoteConfig) -> str:
+    return (f"environment variable {config.token_env} is not set; export the reward "
+            f"service's token there (the value its [auth] token_env or token_file holds), "
+            "or name another variable with token_env")
+
+
+def _score(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 def _token_advice(config: RemoteConfig, status: int) -> str:
     return (f"reward 'remote': the reward service at {config.url} refused the token in "
             f"{config.token_env} (HTTP {status}); export there a token the service accepts "
@@ -256,4 +314,5 @@ def _is_local(url: str) -> bool:
         return False
 
 
-__all__ = ["RemoteConfig", "RemoteMediaReward", "RemoteReward", "remote_reward"]
+__all__ = ["RemoteConfig", "RemoteMediaReward", "RemoteReward", "remote_reward",
+           "service_problems"]

@@ -47,9 +47,9 @@ def build_hf_engine(config: HFRolloutConfig | None, *, ctx: RunContext,
     if backend is not None:
         device = backend.device
     else:
-        from reasonctl.backends.distributed import resolve_device
+        from reasonctl.backends.distributed import run_device
 
-        device = resolve_device(ctx.config.backend.device)
+        device = run_device(ctx.config)
     dtype = compute_dtype(ctx.config.model.dtype, device)
     model = load_pretrained(source.model_dir, ctx.config.model, param_dtype=dtype, device=device)
     model.requires_grad_(False)

@@ -524,7 +524,7 @@ class MegatronBackend:
             save_hf_export(
                 Path(directory), state, hf_model=self.hf_skeleton, source=self.source,
                 dtype=dtype, tied_groups=tied_parameter_groups(self.hf_skeleton),
-                max_shard_size=self.settings.export_shard_size,
+                max_shard_size=self.settings.export_shard_size, run_config=self._ctx().config,
             )
         self.barrier()
 

@@ -9,6 +9,7 @@ types, out-of-range values), unknown component names and the options of every
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -32,10 +33,34 @@ if TYPE_CHECKING:
     from reasonctl.core.registry import Registry
 
 REWARD_ENTRY_KEYS = tuple(RewardComponent.model_fields)
+VALID_PART_ROUNDS = 5
+_LEFT_OUT = object()
 
 
 class ConfigWarning(UserWarning):
     """Something in the config is legal but probably not what was meant."""
+
+
+class InvalidConfigError(ConfigError):
+    """The :class:`ConfigError` of :func:`validate_config`, with what is valid in the config.
+
+    ``valid_part`` is the config with every invalid value left out (defaults in their
+    place), so the checks of the outside world can still run on the rest and report their
+    problems in the same round; ``left_out`` holds the dotted paths left out. It is
+    ``None`` when that config cannot stand for the user's: a config file could not be
+    read, or a component name (``algorithm.name`` ...) was invalid.
+    """
+
+    def __init__(self, problems: list[str], *, valid_part: RunConfig | None = None,
+                 left_out: Iterable[str] = ()) -> None:
+        super().__init__(problems)
+        self.valid_part = valid_part
+        self.left_out = tuple(left_out)
+
+    def covers(self, problem: str) -> bool:
+        """Whether ``problem`` (a ``path: message`` line) is about a value left out."""
+        return any(problem.startswith(path) and problem[len(path):len(path) + 1] in (":", ".")
+                   for path in self.left_out)
 
 
 def load_config(
@@ -105,10 +130,75 @@ def validate_config(
     issues += reward_option_issues(data, registry)
     problems += [issue.format(sources) for issue in issues]
     if problems:
-        raise ConfigError(problems)
+        valid_part, left_out = None, []
+        if sources is None or not sources.unread_files:
+            valid_part, left_out = _valid_part(data, model, registry, [i.loc for i in issues])
+        if any(path in SELECTORS for path in left_out):
+            valid_part = None  # the config would stand for other components than the user's
+        raise InvalidConfigError(problems, valid_part=valid_part, left_out=left_out)
     assert config is not None
     remember_secret_variables(secret_variables_named_in(config.to_dict(redact=False)))
     return config
+
+
+def _valid_part(data: dict[str, Any], model: type[RunConfig], registry: Registry,
+                locs: list[tuple[Any, ...]]) -> tuple[RunConfig | None, list[str]]:
+    """``data`` validated with the values at ``locs`` left out, and again with what that
+    round still finds invalid, for a few rounds; the config (``None`` if none validates)
+    and the dotted paths left out."""
+    pruned = copy.deepcopy(data)
+    left_out: list[str] = []
+    for _ in range(VALID_PART_ROUNDS):
+        for loc in locs:
+            removed = _leave_out(pruned, loc)
+            if removed is not None:
+                left_out.append(".".join(str(part) for part in removed))
+        pruned = _without_left_out(pruned)
+        try:
+            config = model.model_validate(pruned)
+        except ValidationError as exc:
+            locs = [issue.loc for issue in validation_issues(exc, model)]
+            continue
+        issues = component_name_issues(pruned, registry) + reward_option_issues(pruned,
+                                                                                registry)
+        if not issues:
+            return config, left_out
+        locs = [issue.loc for issue in issues]
+    return None, left_out
+
+
+def _leave_out(data: Any, loc: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """Mark the value at ``loc`` left out (or the nearest enclosing value present, for a
+    missing key); the location marked, if any."""
+    while loc:
+        node = data
+        for part in loc[:-1]:
+            node = _child(node, part)
+        last = loc[-1]
+        if isinstance(node, dict) and last in node:
+            node[last] = _LEFT_OUT
+            return loc
+        if isinstance(node, list) and isinstance(last, int) and 0 <= last < len(node):
+            node[last] = _LEFT_OUT
+            return loc
+        loc = loc[:-1]
+    return None
+
+
+def _child(node: Any, part: Any) -> Any:
+    if isinstance(node, dict):
+        return node.get(part)
+    if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        return node[part]
+    return None
+
+
+def _without_left_out(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _without_left_out(v) for k, v in data.items() if v is not _LEFT_OUT}
+    if isinstance(data, list):
+        return [_without_left_out(v) for v in data if v is not _LEFT_OUT]
+    return data
 
 
 def component_name_problems(data: Mapping[str, Any], registry: Registry) -> list[str]:

@@ -8,7 +8,10 @@ with every other problem, instead of after minutes of model loading:
   :class:`~reasonctl.core.config.markers.InputPath` in the sections and in the configs of the
   components the config selects (first-party and third-party alike), e.g.
   ``data.jsonl.path``, ``data.video_folder.root``, ``eval.data``;
-- ``run.output_dir`` is (or can be created as) a writable directory;
+- ``run.output_dir`` is (or can be created as) a writable directory (a file is created
+  and removed there to find out);
+- ``model.name_or_path`` and ``model.tokenizer``, when they name a local directory, exist
+  and hold a model (a name that does not exist is a Hub id or storage URI when it can be);
 - ``checkpoint.upload`` URIs use an installed storage scheme and are well-formed
   (``s3://`` needs a bucket, ``hf://`` an ``owner/repo``);
 - the requested ``backend.device`` is present (torch is imported only for that check);
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,6 +65,7 @@ def preflight_problems(config: RunConfig, registry: Registry, *,
     for prefix, model, fields in _models_in_use(config, registry, reads_data):
         problems += _input_path_problems(prefix, model, fields)
     problems += _guarded("run.output_dir", config.run.output_dir, _output_dir_problems)
+    problems += _model_problems(config)
     problems += _upload_problems(config.checkpoint.upload, registry)
     problems += _device_problems(config.backend.device)
     if isinstance(config.run.resume, str) and config.run.resume:
@@ -187,17 +192,78 @@ def _output_dir_problems(path: str, value: str) -> list[str]:
     if target.exists():
         if not target.is_dir():
             return [f"{path}: {value!r} is a file; choose a directory"]
-        if not os.access(target, os.W_OK | os.X_OK):
-            return [f"{path}: {value!r} is not writable (check its permissions)"]
+        reason = _unwritable(target)
+        if reason:
+            return [f"{path}: {value!r} is not writable: no file can be created there "
+                    f"({reason}); check its permissions or choose another directory"]
         return []
     parent = target.absolute().parent
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
         return [f"{path}: cannot create {value!r}: {parent} is a file"]
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return [f"{path}: cannot create {value!r}: {parent} is not writable"]
+    reason = _unwritable(parent)
+    if reason:
+        return [f"{path}: cannot create {value!r}: no file can be created in {parent} "
+                f"({reason}); choose a directory you can write"]
     return []
+
+
+def _unwritable(directory: Path) -> str | None:
+    """Why no file can be created in ``directory`` (``None`` when one can): tried for real,
+    since permission bits do not tell (root, read-only mounts, /proc)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".reasonctl-write-check-", dir=directory)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
+# --- the model ---------------------------------------------------------------------------
+
+MODEL_FILES = ("config.json", "model_index.json", "adapter_config.json", "reasonctl_lora.json")
+"""Files of which a local model directory holds at least one: a Hugging Face model, a
+diffusers pipeline, a peft adapter, a reasonctl LoRA export of a pipeline."""
+BUILT_IN_MODELS = "tiny-random"
+
+
+def _model_problems(config: RunConfig) -> list[str]:
+    """A local model or tokenizer directory that is missing, a file, or holds no model."""
+    problems = []
+    for key, name, needs_model in (("model.name_or_path", config.model.name_or_path, True),
+                                   ("model.tokenizer", config.model.tokenizer, False)):
+        if name:
+            problems += _guarded(key, name, _model_dir_problems, needs_model)
+    return problems
+
+
+def _model_dir_problems(path: str, name: str, needs_model: bool) -> list[str]:
+    target = Path(name).expanduser()
+    if not target.exists():
+        if "://" in name or name.startswith(BUILT_IN_MODELS) or not _names_a_local_path(name):
+            return []  # a storage URI, a built-in model or a Hub id
+        return [f"{path}: {name!r} does not exist (cwd: {Path.cwd()}); point it at a model "
+                "directory (e.g. an export's export/final), or a Hub id such as "
+                "'Qwen/Qwen2.5-0.5B-Instruct'"]
+    if not target.is_dir():
+        return [f"{path}: {name!r} is a file; point it at the model directory"]
+    if not any(target.iterdir()):
+        return [f"{path}: {name!r} is an empty directory; point it at a model directory"]
+    if needs_model and not any((target / file).is_file() for file in MODEL_FILES):
+        return [f"{path}: {name!r} holds no model ({', '.join(MODEL_FILES[:2])} missing); "
+                "point it at a Hugging Face model directory or a diffusers pipeline"]
+    return []
+
+
+def _names_a_local_path(name: str) -> bool:
+    """Whether ``name``, which does not exist, can only mean a local path: it starts like
+    one, has more parts than a Hub id (``owner/repo``), or its first part is a local
+    directory."""
+    if name.startswith(("/", ".", "~")) or "\\" in name or name.count("/") > 1:
+        return True
+    return "/" in name and Path(name.split("/")[0]).is_dir()
 
 
 def _upload_problems(uris: list[str], registry: Registry) -> list[str]:

@@ -8,6 +8,8 @@ Three rules, applied everywhere text leaves the process:
   ``tokenizer``, ``max_tokens``, ``keywords``, ``key_column``, ``pad_token`` are not
   secrets, and keys that *name* a secret (``token_env``, ``password_file``) are not either.
 - **In URLs**: the userinfo of any URL (``https://user:pass@host``) becomes ``***``.
+- **In ``secret=value`` text**: the value becomes ``***``, unless it is a shell reference to
+  where the secret is (``TOKEN=$(openssl rand -hex 32)``, ``TOKEN=$HF_TOKEN``).
 - **By value**: the values of credential environment variables (``HF_TOKEN`` ... any
   variable whose own name is secret by the key rule, and every variable a config names in a
   ``*_env`` option) are replaced wherever they appear.
@@ -60,6 +62,9 @@ _ASSIGNMENT = re.compile(
     r"""(?P<quote>["']?)(?P<value>[^\s"',;&)}\]]+)"""
 )
 _BEARER = re.compile(r"\b(?P<kind>Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=-]{8,}")
+_SHELL_REFERENCE = re.compile(r"^\$(\(|\{|[A-Z_][A-Z0-9_]*$)")
+"""``$(command)``, ``${VAR}`` or ``$VAR``: where a secret comes from in a shell line
+(``export TOKEN=$(openssl rand -hex 32)``), not the secret."""
 _named_variables: set[str] = set()
 
 
@@ -149,7 +154,8 @@ def redact_text(text: str) -> str:
 
 def _redact_assignment(match: re.Match[str]) -> str:
     value = match.group("value")
-    if value == REDACTED or not is_secret_key(match.group("key").strip("\"'")):
+    if value == REDACTED or _SHELL_REFERENCE.match(value) or \
+            not is_secret_key(match.group("key").strip("\"'")):
         return match.group(0)
     if value.lower() in ("true", "false", "none", "null") or value.replace(".", "").isdigit():
         return match.group(0)

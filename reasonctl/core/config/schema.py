@@ -230,6 +230,12 @@ class BackendSection(Section):
 
     name: str = Field(default="single", min_length=1)
     device: str = Field(default="auto", description="auto, cpu, cuda or cuda:N (also mps).")
+    cpu_threads: int | None = Field(
+        default=None, gt=0,
+        description="Torch threads per process when the device is the CPU. Unset: "
+        "OMP_NUM_THREADS when exported, else 1 (small models run fastest on one thread; "
+        "raise it for bigger models on an idle machine).",
+    )
 
     @field_validator("device")
     @classmethod

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import copy
 import datetime
+import difflib
 import os
+import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reasonctl.core.config.redaction import is_secret_key, secret_variables_named_in
 from reasonctl.core.errors import ConfigError, did_you_mean
 
 ENV_PREFIX = "REASONCTL_"
@@ -37,6 +40,9 @@ PROCESS_VARIABLES = frozenset({
 """``REASONCTL_*`` variables that steer the process and are not config keys. Config
 variables always hold ``__`` (``REASONCTL_<SECTION>__<KEY>``); a name without it is never
 read as config."""
+PROCESS_VARIABLE_CUTOFF = 0.7
+"""How close (difflib ratio of the part after ``REASONCTL_``) an unknown name must be to a
+process variable to be reported as its misspelling."""
 FLAGS = "command-line flags"
 DEFAULT = "default"
 
@@ -51,6 +57,8 @@ class ConfigSources:
     origins: dict[Path_, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    unread_files: list[str] = field(default_factory=list)
+    """Config files that could not be read (their values are missing from ``data``)."""
 
     def merge(self, values: Mapping[str, Any], source: str, *, is_file: bool = False) -> None:
         """Merge a layer of ``values`` set by ``source`` (tables merge, the rest replaces)."""
@@ -122,19 +130,31 @@ def collect_sources(
             sources.merge(read_toml(path), str(path), is_file=True)
         except ConfigError as exc:
             sources.problems += exc.problems
+            sources.unread_files.append(str(path))
+    parsed = []
+    for text in overrides:
+        try:
+            parsed.append((text, *parse_override(text)))
+        except ConfigError as exc:
+            sources.problems += exc.problems
+    named = _variables_named_in(sources.data, values, [(key, value) for _, key, value in parsed])
     for name, key, value in env_entries(os.environ if environ is None else environ,
-                                        list(sections), sources.problems):
+                                        list(sections), sources.problems, secrets=named):
         sources.set(key, value, name)
     if values:
         sources.merge(values, FLAGS)
-    for text in overrides:
-        try:
-            key, value = parse_override(text)
-        except ConfigError as exc:
-            sources.problems += exc.problems
-            continue
+    for text, key, value in parsed:
         sources.set(key, value, f"--set {text}")
     return sources
+
+
+def _variables_named_in(data: Mapping[str, Any], values: Mapping[str, Any] | None,
+                        overrides: list[tuple[list[str], Any]]) -> set[str]:
+    """Variables the files, flags and overrides name in ``*_env`` options (secrets)."""
+    named = set(secret_variables_named_in(data)) | set(secret_variables_named_in(values or {}))
+    for key, value in overrides:
+        named.update(secret_variables_named_in({key[-1]: value}))
+    return {name.upper() for name in named}
 
 
 # --- the layers ----------------------------------------------------------------------------
@@ -163,7 +183,56 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError([f"{path}: invalid TOML: {exc}"]) from exc
+        raise ConfigError([f"{path}: invalid TOML: {toml_error_text(text, exc)}"]) from exc
+
+
+_REDEFINED = ("Cannot overwrite a value", "Cannot declare")
+_KEY_LINE = re.compile(r"^\s*(?P<key>[^=\[#][^=]*?)\s*=")
+_HEADER_LINE = re.compile(r"^\s*\[\[?\s*(?P<name>[^\]]+?)\s*\]\]?\s*(#.*)?$")
+
+
+def toml_error_text(text: str, error: tomllib.TOMLDecodeError) -> str:
+    """``error`` as a user reads it: a key or table defined twice is named, with its lines
+    (the parser says only "Cannot overwrite a value", at times "at end of document")."""
+    message = str(error)
+    if not message.startswith(_REDEFINED):
+        return message
+    lines = text.splitlines()
+    for end in range(1, len(lines) + 1):  # the first line whose text redefines something
+        try:
+            tomllib.loads("\n".join(lines[:end]))
+        except tomllib.TOMLDecodeError as exc:
+            if str(exc).startswith(_REDEFINED):
+                return _redefinition(lines, end) or message
+    return message
+
+
+def _redefinition(lines: list[str], end: int) -> str | None:
+    for number in range(end, 0, -1):  # back to where the value or table starts
+        header = _HEADER_LINE.match(lines[number - 1])
+        if header:
+            name = header.group("name")
+            return (f"[{name}] on line {number} defines {name!r} again (it is a table or a "
+                    "value above); merge the two into one")
+        key = _KEY_LINE.match(lines[number - 1])
+        if key:
+            table = _table_at(lines, number)
+            full = f"{table}.{key.group('key')}" if table else key.group("key")
+            first = next((n for n in range(1, number) if _table_at(lines, n) == table
+                          and (m := _KEY_LINE.match(lines[n - 1]))
+                          and m.group("key") == key.group("key")), None)
+            where = f" (first set on line {first})" if first else ""
+            return (f"duplicate key {full!r} on line {number}{where}; keep one of them")
+    return None
+
+
+def _table_at(lines: list[str], number: int) -> str:
+    """The table header in force at line ``number`` (1-based; "" at the top level)."""
+    for index in range(number - 1, 0, -1):
+        header = _HEADER_LINE.match(lines[index - 1])
+        if header:
+            return header.group("name")
+    return ""
 
 
 def parse_value(raw: str) -> Any:
@@ -190,17 +259,26 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def env_entries(
-    environ: Mapping[str, str], sections: list[str], problems: list[str]
+    environ: Mapping[str, str],
+    sections: list[str],
+    problems: list[str],
+    *,
+    secrets: Iterable[str] = (),
 ) -> list[tuple[str, list[str], Any]]:
     """``(variable, key path, value)`` of each ``REASONCTL_<SECTION>__<KEY>`` variable.
 
     A misspelt section or a malformed name is appended to ``problems`` with a
     did-you-mean; names without ``__`` are process variables, never config, but a close
-    misspelling of a known one is reported too.
+    misspelling of a known one is reported too. Credentials are never config: the
+    ``secrets`` a config names in ``*_env`` options, and names that say they hold one
+    (``REASONCTL_REWARD_TOKEN``), are skipped.
     """
+    skipped = PROCESS_VARIABLES | {name.upper() for name in secrets}
     entries = []
     for name in sorted(environ):
-        if not name.upper().startswith(ENV_PREFIX) or name.upper() in PROCESS_VARIABLES:
+        if not name.upper().startswith(ENV_PREFIX) or name.upper() in skipped:
+            continue
+        if ENV_DELIMITER not in name and is_secret_key(name):
             continue
         rest = name[len(ENV_PREFIX):]
         if ENV_DELIMITER not in rest:
@@ -226,9 +304,11 @@ def env_entries(
 def _process_variable_problems(name: str, rest: str, sections: list[str]) -> list[str]:
     if rest.lower() in sections:
         return [f"{name}: set keys one at a time, e.g. {name}__<KEY>=value"]
-    close = did_you_mean(name.upper(), PROCESS_VARIABLES)
+    known = {variable[len(ENV_PREFIX):]: variable for variable in PROCESS_VARIABLES}
+    close = difflib.get_close_matches(rest.upper(), list(known), n=1,
+                                      cutoff=PROCESS_VARIABLE_CUTOFF)
     if close:
-        return [f"{name}: unknown variable; did you mean {close}?"]
+        return [f"{name}: unknown variable; did you mean {known[close[0]]}?"]
     return []
 
 
