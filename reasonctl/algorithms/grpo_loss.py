@@ -35,6 +35,7 @@ LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-s
 KLEstimator = Literal["k1", "k2", "k3"]
 ImportanceLevel = Literal["token", "sequence"]
 
+
 def group_advantages(
     rewards: torch.Tensor,
     group_size: int,

@@ -21,8 +21,8 @@ def build_hf_engine(config: HFRolloutConfig | None, *, ctx: RunContext,
     loads its own unsharded copy of ``ctx.model_source`` on the backend's device (or
     ``backend.device``); the trainer refreshes it with ``update_weights`` before each
     rollout. ``rollout.hf.dtype`` other than ``auto`` always gives the engine a copy of
-    its own in that dtype. ``options`` are the decode path's switches (benchmarks turn parts off;
-    default: the fast path).
+    its own in that dtype. ``options`` are the decode path's switches (benchmarks turn
+    parts off; default: the fast path).
     """
     from reasonctl.core.protocols import generation_model
     from reasonctl.models.loading import compute_dtype, ensure_model_source, load_pretrained
