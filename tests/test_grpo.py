@@ -166,7 +166,9 @@ def test_one_process_fsdp_grpo_equals_single_backend(tmp_path: Path,
         config["backend"]["name"] = backend
         reasonctl.run(config, rewards=[byte_parity])
         losses[backend] = [row["loss"] for row in _metrics(tmp_path / backend / "run")]
-    assert losses["fsdp"] == pytest.approx(losses["single"], rel=1e-4)
+    # a first on-policy step's loss is 0 up to the engine's rounding (advantages sum to 0 per
+    # group; mismatch weights 1 +- 1e-7), hence the absolute tolerance
+    assert losses["fsdp"] == pytest.approx(losses["single"], rel=1e-4, abs=1e-6)
 
 
 @pytest.mark.slow

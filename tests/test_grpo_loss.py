@@ -185,21 +185,23 @@ def test_kl_penalty_and_entropy_bonus_enter_the_loss() -> None:
 def test_rollouts_of_an_older_policy_get_truncated_importance_weights() -> None:
     """Decoupled PPO: the clipped term against the proximal (old) policy, times the constant
     min(pi_old / pi_behaviour, cap) per token."""
+    from reasonctl.algorithms.mismatch import MismatchSettings
+
     logprobs = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
     old = logprobs.detach().clone()  # on-policy update: the proximal policy is the current one
     behaviour = torch.tensor([[-1.0, -2.0 - math.log(3.0), -0.5 + math.log(2.0)]])
     mask = torch.ones(1, 3)
-    settings = PolicyLossSettings(behaviour_cap=2.0)
+    settings = PolicyLossSettings(mismatch=MismatchSettings(token_cap=2.0))
     loss, metrics = policy_loss(logprobs, old, torch.tensor([1.0]), mask, settings,
                                 behaviour_logprobs=behaviour)
     loss.backward()
     # weights 1, min(3, 2) = 2, 1/2; d(-A * ratio)/dlogp = -A * weight at ratio 1
     assert logprobs.grad[0].tolist() == pytest.approx([-1 / 3, -2 / 3, -0.5 / 3])
-    assert metrics["is_weight/mean"] == pytest.approx((1 + 2 + 0.5) / 3)
-    assert metrics["is_weight/capped_frac"] == pytest.approx(1 / 3)
+    assert metrics["mismatch/is_weight_mean"] == pytest.approx((1 + 2 + 0.5) / 3)
+    assert metrics["mismatch/capped_frac"] == pytest.approx(1 / 3)
     plain, plain_metrics = policy_loss(logprobs.detach(), old, torch.tensor([1.0]), mask,
                                        PolicyLossSettings(), behaviour_logprobs=behaviour)
-    assert float(plain) == pytest.approx(-1.0) and "is_weight/mean" not in plain_metrics
+    assert float(plain) == pytest.approx(-1.0) and "mismatch/kl" not in plain_metrics
 
 
 def test_gspo_with_token_sums_is_warned_about() -> None:

@@ -26,9 +26,14 @@ A step of :class:`GRPO`:
 
 With ``rollout.placement = "separate"`` the rollout of step 1 comes from separate rollout
 workers through :class:`~reasonctl.async_rl.feed.RolloutFeed` (prompts published up to
-``max_staleness`` steps ahead, rewards scored here), and with ``max_staleness > 0`` each
-token's loss is weighted by the truncated importance ratio of the policy that generated it
-(``PolicyLossSettings.behaviour_cap``).
+``max_staleness`` steps ahead, rewards scored here).
+
+In every placement and with every engine, the update corrects for the difference between
+the engine that sampled the completions (another kernel path or dtype, vLLM, or weights up
+to ``max_staleness`` versions old) and the trainer's old policy: ``[algorithm.grpo.mismatch]``
+weights each token by its truncated importance ratio and/or drops completions whose ratio
+leaves a bound (:mod:`reasonctl.algorithms.mismatch`; ``mismatch/*`` metrics). In an
+on-policy update the old log-probs are the update's own, detached.
 
 The runner builds everything a step uses (processor, dataset, reward set, rollout engine,
 reference model) from the config and hands it over in the :class:`RunContext`; the rollout
@@ -60,6 +65,7 @@ from reasonctl.algorithms.grpo_loss import (
     reward_moments,
     std_from_moments,
 )
+from reasonctl.algorithms.mismatch import MismatchSettings
 from reasonctl.algorithms.policy_batch import (
     PolicyRow,
     chunked,
@@ -223,8 +229,6 @@ class GRPO:
             raise ConfigError(problems)
         for message in cfg.config_warnings():
             warnings.warn(message, ConfigWarning, stacklevel=2)
-        workers = config.rollout.workers
-        behaviour_cap = None
         if config.rollout.placement == "separate":
             from reasonctl.async_rl.feed import RolloutFeed
 
@@ -234,14 +238,16 @@ class GRPO:
             self.feed = RolloutFeed(ctx, self.order.sampler,
                                     prompts_per_step=cfg.prompts_per_step,
                                     mcq_layout=cfg.mcq_layout)
-            behaviour_cap = workers.importance_cap if workers.max_staleness > 0 else None
+        mismatch = cfg.mismatch
         self.shared_prompts = self._choose_shared_prompts(ctx, backend)
         self.loss_settings = PolicyLossSettings(
             epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
             importance_level=cfg.importance_level, loss_aggregation=cfg.loss_aggregation,
             max_tokens=config.rollout.max_new_tokens, kl_beta=cfg.kl_beta,
             kl_estimator=cfg.kl_estimator, entropy_bonus=cfg.entropy_bonus,
-            behaviour_cap=behaviour_cap,
+            mismatch=MismatchSettings(correction=mismatch.correction,
+                                      token_cap=mismatch.token_cap, seq_low=mismatch.seq_low,
+                                      seq_high=mismatch.seq_high),
         )
 
     def _choose_shared_prompts(self, ctx: RunContext, backend: Backend) -> bool:
@@ -542,9 +548,8 @@ class GRPO:
             device = logprobs.device
             ref = batch.get("ref_logprobs")
             ref = ref.to(device) if ref is not None else None
-            behaviour = (batch["engine_logprobs"].to(device)
-                         if settings.behaviour_cap is not None else None)
-            if on_policy:  # this forward pass sees the weights the rollout used
+            behaviour = batch["engine_logprobs"].to(device)  # the mismatch correction's
+            if on_policy:  # this forward pass sees the weights before the update
                 old = logprobs.detach()
                 stats.add(batch, logprobs, outputs.entropy, ref, settings.kl_estimator)
             else:

@@ -16,6 +16,42 @@ if TYPE_CHECKING:
     from reasonctl.core.config import RunConfig
 
 
+class MismatchConfig(BaseModel):
+    """``[algorithm.grpo.mismatch]``: reweighting of the rollout engine's samples against
+    the trainer's policy (:mod:`reasonctl.algorithms.mismatch`), in every placement and
+    with every engine; with log-probs equal to the trainer's it changes nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    correction: Literal["token_tis", "seq_mask", "both", "off"] = Field(
+        default="token_tis",
+        description="token_tis: weight each token's loss by min(pi_old / pi_engine, "
+        "token_cap). seq_mask: drop completions whose geometric-mean ratio leaves "
+        "[seq_low, seq_high]. both: the two. off: no weights (mismatch/* still reported).",
+    )
+    token_cap: float = Field(
+        default=2.0, ge=1,
+        description="Cap of the per-token importance weight pi_old / pi_engine (token_tis).",
+    )
+    seq_low: float = Field(
+        default=0.5, ge=0, lt=1,
+        description="seq_mask: completions whose geometric-mean ratio is below this are dropped.",
+    )
+    seq_high: float = Field(
+        default=2.0, gt=1,
+        description="seq_mask: completions whose geometric-mean ratio is above this are dropped.",
+    )
+
+    def unused_keys(self) -> list[str]:
+        """Keys set that the chosen ``correction`` does not read."""
+        reads = {"correction"}
+        if self.correction in ("token_tis", "both"):
+            reads.add("token_cap")
+        if self.correction in ("seq_mask", "both"):
+            reads |= {"seq_low", "seq_high"}
+        return sorted(self.model_fields_set - reads)
+
+
 class GRPOConfig(BaseModel):
     """``[algorithm.grpo]``: sampling, advantages, the clipped objective and its penalties."""
 
@@ -85,6 +121,10 @@ class GRPOConfig(BaseModel):
         "Default: train.micro_batch_size x the longest prompt + completion of the step, the "
         "tokens of a padded micro-batch.",
     )
+    mismatch: MismatchConfig = Field(
+        default_factory=MismatchConfig,
+        description="Rollout/training mismatch correction ([algorithm.grpo.mismatch]).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> GRPOConfig:
@@ -104,6 +144,13 @@ class GRPOConfig(BaseModel):
                 f"'{self.loss_aggregation}' sums per-token terms, which weights each sequence "
                 "by its length instead of optimising the per-sequence objective; set "
                 "loss_aggregation = 'seq-mean-token-mean' to follow the GSPO paper"
+            )
+        unused = self.mismatch.unused_keys()
+        if unused:
+            warnings.append(
+                f"algorithm.grpo.mismatch: {', '.join(unused)} set, but correction = "
+                f"'{self.mismatch.correction}' does not use them; set correction = 'both' "
+                "(or the mode that reads them) to apply them"
             )
         return warnings
 

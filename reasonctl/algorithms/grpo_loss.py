@@ -14,10 +14,11 @@ Knobs and the papers they come from:
 - loss aggregation: ``token-mean`` (DAPO), ``seq-mean-token-mean`` (original GRPO) and
   ``seq-mean-token-sum-norm`` (Dr.GRPO: token sums divided by a constant);
 - the k1/k2/k3 KL estimators (Schulman, "Approximating KL divergence");
-- decoupled PPO for rollouts of an older policy (Hilton et al., "Batch size-invariance for
-  policy optimization"): the clipped ratio is taken against the proximal (old) policy and
-  each token is weighted by the truncated importance weight ``min(pi_old / pi_behaviour,
-  cap)`` of the policy that generated it.
+- decoupled PPO for rollouts of another policy than the trainer's (Hilton et al., "Batch
+  size-invariance for policy optimization"): the clipped ratio is taken against the
+  proximal (old) policy and each token is weighted by the importance weight of the engine
+  that generated it, truncated per token and/or masked per sequence
+  (:mod:`reasonctl.algorithms.mismatch`).
 """
 
 from __future__ import annotations
@@ -27,14 +28,12 @@ from typing import Literal
 
 import torch
 
+from reasonctl.algorithms.mismatch import LOG_RATIO_LIMIT, MismatchSettings, mismatch_weights
+
 AdvantageScale = Literal["group", "batch", "none"]
 LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
 ImportanceLevel = Literal["token", "sequence"]
-
-LOG_RATIO_LIMIT = 20.0
-"""Log-ratios are clamped to ``±LOG_RATIO_LIMIT`` before ``exp`` so that a rare extreme
-token cannot turn the loss into ``inf``; within that range values are exact."""
 
 
 def group_advantages(
@@ -192,9 +191,10 @@ class PolicyLossSettings:
     kl_beta: float = 0.0
     kl_estimator: KLEstimator = "k3"
     entropy_bonus: float = 0.0
-    behaviour_cap: float | None = None
-    """With rollouts of an older (behaviour) policy: the cap of the per-token importance
-    weight ``pi_old / pi_behaviour``; ``None`` when the rollout policy is the old policy."""
+    mismatch: MismatchSettings | None = None
+    """How completions sampled by the rollout engine (the behaviour policy) are reweighted
+    against the old policy (:mod:`reasonctl.algorithms.mismatch`); ``None``: not at all,
+    and no ``mismatch/*`` metrics."""
 
 
 def policy_loss(
@@ -213,10 +213,10 @@ def policy_loss(
     """The clipped-surrogate loss with optional KL penalty and entropy bonus.
 
     Per token: ``max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))`` where ``r`` is the
-    importance ratio of :func:`importance_log_ratio`; with ``behaviour_logprobs`` and
-    ``settings.behaviour_cap`` that term is multiplied by the constant
-    ``min(exp(old - behaviour), behaviour_cap)`` (metrics ``is_weight/mean`` and
-    ``is_weight/capped_frac``); plus ``kl_beta * KL`` when
+    importance ratio of :func:`importance_log_ratio`; with ``behaviour_logprobs`` (the
+    engine's) and ``settings.mismatch`` that term is multiplied by the constant weights of
+    :func:`~reasonctl.algorithms.mismatch.mismatch_weights` (and the ``mismatch/*`` metrics
+    are added); plus ``kl_beta * KL`` when
     ``ref_logprobs`` is given, minus ``entropy_bonus * entropy`` when ``entropy`` is given;
     aggregated with :func:`aggregate`. Returns the loss and metrics (masked token means):
     ``loss/policy``, ``clip_frac/low`` (ratio below ``1 - eps_low`` with ``A < 0``, the
@@ -231,14 +231,11 @@ def policy_loss(
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - s.epsilon_low, 1.0 + s.epsilon_high)
     per_token = torch.maximum(unclipped, clipped)
-    behaviour_weight = None
-    if behaviour_logprobs is not None and s.behaviour_cap is not None:
-        with torch.no_grad():
-            raw = torch.exp((old_logprobs - behaviour_logprobs)
-                            .clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
-            behaviour_weight = raw.clamp(max=s.behaviour_cap)
-            capped = (raw > s.behaviour_cap).to(mask_f.dtype)
-        per_token = per_token * behaviour_weight
+    correction = None
+    if behaviour_logprobs is not None and s.mismatch is not None:
+        correction = mismatch_weights(old_logprobs, behaviour_logprobs, mask, s.mismatch)
+        if correction.weights is not None:
+            per_token = per_token * correction.weights.to(per_token.dtype)
 
     def agg(values: torch.Tensor) -> torch.Tensor:
         return aggregate(
@@ -262,9 +259,8 @@ def policy_loss(
         "clip_frac/high": token_mean(high),
         "ratio/mean": token_mean(ratio),
     }
-    if behaviour_weight is not None:
-        metrics["is_weight/mean"] = token_mean(behaviour_weight)
-        metrics["is_weight/capped_frac"] = token_mean(capped)
+    if correction is not None:
+        metrics.update(correction.metrics)
     if ref_logprobs is not None:
         kl = kl_estimate(logprobs, ref_logprobs, s.kl_estimator)
         metrics["kl"] = token_mean(kl)

@@ -66,19 +66,33 @@ def validate(
     set_: SetOption = None,
     algo: AlgoOption = None,
     backend: BackendOption = None,
+    nproc_per_node: Annotated[
+        int | None,
+        typer.Option("--nproc-per-node", min=1,
+                     help="Also check the process layout `reasonctl run --nproc-per-node N` "
+                          "would start (the launcher's check)."),
+    ] = None,
+    nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Number of nodes.")] = 1,
 ) -> None:
     """Check the configuration and what it needs (files, devices) without running; exit 2
-    listing every problem."""
+    listing every problem. With ``--nproc-per-node`` the backend's layout on that many
+    processes per node is checked as ``reasonctl run`` checks it before it starts them."""
     from reasonctl.core.composition import preflight, with_preflight_problems
     from reasonctl.core.config.loading import InvalidConfigError
+    from reasonctl.core.errors import ConfigError
 
     common.warn_plugin_errors()
     try:
         cfg = common.load(config, set_, common.flag_values(algo=algo, backend=backend))
     except InvalidConfigError as exc:  # every problem at once: the world's ones too
         raise with_preflight_problems(exc, common.host().registry) from None
-    preflight(cfg, common.host().registry)
-    typer.echo(f"ok: algorithm={cfg.algorithm.name} backend={cfg.backend.name} "
+    processes = None if nproc_per_node is None else nproc_per_node * nnodes
+    if processes is not None and processes > 1 and cfg.backend.name == "single":
+        raise ConfigError([f"backend.name: the 'single' backend runs one process, not "
+                           f"{processes}; use --backend fsdp (or megatron)"])
+    preflight(cfg, common.host().registry, processes=processes)
+    layout = f" processes={processes}" if processes is not None else ""
+    typer.echo(f"ok: algorithm={cfg.algorithm.name} backend={cfg.backend.name}{layout} "
                f"data={cfg.data.format} output_dir={cfg.run.output_dir}")
 
 

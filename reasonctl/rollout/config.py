@@ -61,3 +61,10 @@ class HFRolloutConfig(BaseModel):
         "merged copy). false: keep a separate copy refreshed from the trainer before each "
         "rollout.",
     )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto",
+        description="Dtype of the engine's weights and computation. auto: model.dtype's "
+        "compute dtype, as the trainer's. Another value keeps a copy of its own in that "
+        "dtype (share_weights does not apply), e.g. bfloat16 rollouts for a float32 "
+        "trainer; [algorithm.grpo.mismatch] corrects the update for the difference.",
+    )

@@ -20,8 +20,9 @@ def build_hf_engine(config: HFRolloutConfig | None, *, ctx: RunContext,
     (FSDP, Megatron: sharded or wrapped weights; or no backend, as in ``reasonctl eval``) it
     loads its own unsharded copy of ``ctx.model_source`` on the backend's device (or
     ``backend.device``); the trainer refreshes it with ``update_weights`` before each
-    rollout. ``options`` are the decode path's switches (benchmarks turn parts off;
-    default: the fast path).
+    rollout. ``rollout.hf.dtype`` other than ``auto`` always gives the engine a copy of
+    its own in that dtype. ``options`` are the decode path's switches (benchmarks turn
+    parts off; default: the fast path).
     """
     from reasonctl.core.protocols import generation_model
     from reasonctl.models.loading import compute_dtype, ensure_model_source, load_pretrained
@@ -39,7 +40,7 @@ def build_hf_engine(config: HFRolloutConfig | None, *, ctx: RunContext,
         decode_options["options"] = options
     backend = ctx.backend
     shared = generation_model(backend) if backend is not None else None
-    if config.share_weights and shared is not None:
+    if config.share_weights and shared is not None and config.dtype == "auto":
         return HFRolloutEngine(
             shared, tokenizer, autocast=backend.autocast,  # type: ignore[union-attr]
             shares_policy_weights=True, **decode_options,
@@ -50,7 +51,8 @@ def build_hf_engine(config: HFRolloutConfig | None, *, ctx: RunContext,
         from reasonctl.backends.distributed import run_device
 
         device = run_device(ctx.config)
-    dtype = compute_dtype(ctx.config.model.dtype, device)
+    dtype = compute_dtype(ctx.config.model.dtype if config.dtype == "auto" else config.dtype,
+                          device)
     model = load_pretrained(source.model_dir, ctx.config.model, param_dtype=dtype, device=device)
     model.requires_grad_(False)
     return HFRolloutEngine(model, tokenizer, **decode_options)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, runtime_checkable
 
 from pydantic import Field, field_validator
 
@@ -25,7 +25,15 @@ Placement = Literal["colocated", "separate"]
 
 
 class RolloutWorkersSection(Section):
-    """``[rollout.workers]``: the rollout workers of ``rollout.placement = "separate"``."""
+    """``[rollout.workers]``: the rollout workers of ``rollout.placement = "separate"``.
+
+    Stale rollouts are corrected like every placement's, by the algorithm
+    (``[algorithm.grpo.mismatch]``)."""
+
+    foreign_keys: ClassVar[dict[str, str]] = {
+        "importance_cap": "algorithm.grpo.mismatch.token_cap (the correction of stale and "
+                          "engine-sampled rollouts applies to every placement now)"}
+    """Keys that moved out of this section."""
 
     count: int = Field(
         default=1, ge=0,
@@ -51,12 +59,6 @@ class RolloutWorkersSection(Section):
         default=1, ge=0,
         description="How many weight versions a rollout may lag the trainer when it is "
         "trained on. 0: synchronous (the learning curve of a colocated run).",
-    )
-    importance_cap: float = Field(
-        default=2.0, ge=1,
-        description="With max_staleness > 0: cap of the truncated importance weight "
-        "pi_old / pi_behaviour per token (the behaviour policy's log-probs come from the "
-        "rollout engine).",
     )
     weight_sync: Literal["broadcast", "file"] = Field(
         default="broadcast",
