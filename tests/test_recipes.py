@@ -71,6 +71,8 @@ def validate(workspace: Path, monkeypatch: pytest.MonkeyPatch, recipe: str,
     from reasonctl.cli.app import build_app
 
     monkeypatch.chdir(workspace)
+    # the recipe pages have users export the reward service's token before they run
+    monkeypatch.setenv("REASONCTL_REWARD_TOKEN", "recipe-test-token")
     args = ["config", "validate", "--nproc-per-node", str(processes), *extra]
     for name in files:
         args += ["--config", str(RECIPES / recipe / f"{name}.toml")]
