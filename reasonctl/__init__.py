@@ -46,6 +46,7 @@ from reasonctl.core.plugins import PluginHost, hookimpl
 from reasonctl.core.protocols import (
     Algorithm,
     Backend,
+    ChecksAccess,
     Closes,
     CountsSkippedRows,
     Dataset,
@@ -79,11 +80,14 @@ from reasonctl.core.protocols import (
     UpdatesChangedWeights,
     ValidatesProcessLayout,
     ValidatesRunConfig,
+    check_storage_access,
     reward_media_type,
+    streams_samples,
 )
 from reasonctl.core.registry import Registrar
 from reasonctl.core.reward_set import RewardScores, RewardSet
 from reasonctl.core.runner import RunResult
+from reasonctl.core.storage import StorageError
 from reasonctl.core.types import (
     Completion,
     ContentPart,
@@ -125,6 +129,7 @@ if TYPE_CHECKING:
         sync_engine_weights,
     )
     from reasonctl.algorithms.sampling import BatchLayout, EpochSampler
+    from reasonctl.async_rl.pool import RolloutWorkers
     from reasonctl.data.collate import collate
     from reasonctl.data.datasets import ListDataset, shard
     from reasonctl.data.processing import ChatProcessor, EncodedSample
@@ -152,6 +157,8 @@ _LAZY: dict[str, str] = {
     "sampling_params": "reasonctl.algorithms.rollouts",
     "step_seed": "reasonctl.algorithms.rollouts",
     "sync_engine_weights": "reasonctl.algorithms.rollouts",
+    # separate rollout workers (ctx.rollout_workers)
+    "RolloutWorkers": "reasonctl.async_rl.pool",
     # data order, sharding, encoding
     "BatchLayout": "reasonctl.algorithms.sampling",
     "EpochSampler": "reasonctl.algorithms.sampling",
@@ -194,6 +201,7 @@ __all__ = [
     "BatchLayout",
     "BrokenComponentError",
     "ChatProcessor",
+    "ChecksAccess",
     "Closes",
     "Completion",
     "ComponentContractError",
@@ -243,6 +251,7 @@ __all__ = [
     "RewardSet",
     "RolloutEngine",
     "RolloutGroup",
+    "RolloutWorkers",
     "RunConfig",
     "RunContext",
     "RunResult",
@@ -253,6 +262,7 @@ __all__ = [
     "ScoresMedia",
     "SharesPolicyWeights",
     "Storage",
+    "StorageError",
     "StreamsSamples",
     "StreamsText",
     "SubmitsAsync",
@@ -266,6 +276,7 @@ __all__ = [
     "__version__",
     "as_reward",
     "batched",
+    "check_storage_access",
     "chunked",
     "collate",
     "collate_policy_rows",
@@ -295,5 +306,6 @@ __all__ = [
     "shard",
     "step_seed",
     "store_completion_logprobs",
+    "streams_samples",
     "sync_engine_weights",
 ]

@@ -145,8 +145,20 @@ def test_guide_covers_every_hook_protocol_and_public_name() -> None:
     spans = re.findall(r"`([^`\n]+)`", GUIDE_TEXT) + [b.code for b in BLOCKS]
     mentioned = {word for span in spans for word in re.findall(r"\w+", span)}
     expected = {*HOOK_NAMES, *protocols.__all__, *reasonctl.__all__}
-    missing = sorted(expected - mentioned - {"PROTOCOLS", "algorithm_needs"})
+    missing = sorted(expected - mentioned - {"PROTOCOLS", "algorithm_needs", "skipped_row_reports"})
     assert not missing, f"docs/plugins.md does not mention: {', '.join(missing)}"
+
+
+def test_every_reasonctl_name_the_guide_mentions_is_public() -> None:
+    """Prose too: a ``reasonctl.x.y`` the guide sends authors to must be ``reasonctl.<public>``
+    (or the testing kit), never an internal module."""
+    import reasonctl
+
+    public = {*reasonctl.__all__, "testing", "__all__"}
+    problems = [f"{GUIDE.name}:{GUIDE_TEXT.count(chr(10), 0, m.start()) + 1}: {m.group(0)}"
+                for m in re.finditer(r"\breasonctl\.(\w+)(?:\.\w+)*", GUIDE_TEXT)
+                if m.group(1) not in public]
+    assert not problems, "the guide names internals:\n" + "\n".join(problems)
 
 
 def test_the_readme_links_the_guide() -> None:

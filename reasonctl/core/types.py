@@ -152,6 +152,8 @@ class RolloutGroup:
 
 
 Metrics = dict[str, float]
+"""A step's metrics: name -> value (``loss``, ``reward/mean`` ...), the same keys on every
+rank."""
 
 
 @dataclass(frozen=True)
