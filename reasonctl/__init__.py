@@ -100,7 +100,14 @@ from reasonctl.core.types import (
     SamplingParams,
     TrainBatch,
 )
-from reasonctl.sdk.api import get_component, list_components, load_config, plugin_host, run
+from reasonctl.sdk.api import (
+    build_component,
+    get_component,
+    list_components,
+    load_config,
+    plugin_host,
+    run,
+)
 from reasonctl.sdk.scoring import ScoreReport, score
 
 if TYPE_CHECKING:
@@ -276,6 +283,7 @@ __all__ = [
     "__version__",
     "as_reward",
     "batched",
+    "build_component",
     "check_storage_access",
     "chunked",
     "collate",
