@@ -760,7 +760,13 @@ class ReadsStreams(Protocol):
 
 @runtime_checkable
 class Logger(Protocol):
-    """Receives metrics; only the main rank's loggers are built and called."""
+    """Receives metrics; only the main rank's loggers are built and called.
+
+    Loggers are built after a resume: ``ctx.step`` (for a factory that declares ``ctx``) is
+    the step the run continues from, 0 for a fresh run. A resumed run logs the steps after
+    that checkpoint again, so a logger that appends to a record outliving the run keeps
+    what was logged up to ``ctx.step`` and drops the rest.
+    """
 
     def log(self, metrics: Metrics, step: int) -> None:
         """Record the metrics of ``step``."""
