@@ -67,13 +67,13 @@ def validate(
     algo: AlgoOption = None,
     backend: BackendOption = None,
 ) -> None:
-    """Check the configuration and what it needs (files, devices) without running; exit 2
-    listing every problem."""
+    """Check the configuration and what it needs (files, devices, upload targets and their
+    credentials) without running; exit 2 listing every problem."""
     from reasonctl.core.composition import preflight
 
     common.warn_plugin_errors()
     cfg = common.load(config, set_, common.flag_values(algo=algo, backend=backend))
-    preflight(cfg, common.host().registry)
+    preflight(cfg, common.host().registry, check_access=True)
     typer.echo(f"ok: algorithm={cfg.algorithm.name} backend={cfg.backend.name} "
                f"data={cfg.data.format} output_dir={cfg.run.output_dir}")
 

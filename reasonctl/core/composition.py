@@ -11,6 +11,7 @@ Heavy packages are imported inside the functions that need them.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +57,7 @@ def build_component(ctx: RunContext, kind: str, section: str, name: str,
 
 
 def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1,
-              processes: int | None = None) -> None:
+              processes: int | None = None, check_access: bool = False) -> None:
     """Check what can be known before loading anything; raise one :class:`ConfigError`.
 
     The outside world (input paths, output directory, upload URIs, device, resume path:
@@ -67,7 +68,10 @@ def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1,
     data-parallel ranks, and the backend's (its config model's, likewise). With
     ``processes`` (the launcher's process count) the backend's config model checks its
     layout (:class:`~reasonctl.core.protocols.ValidatesProcessLayout`) and says how many of
-    them are data-parallel ranks.
+    them are data-parallel ranks. With ``check_access`` (``reasonctl config validate``;
+    a run checks when it starts its uploads) every well-formed ``checkpoint.upload``
+    target is also asked whether its storage accepts the credentials
+    (:func:`~reasonctl.core.uploads.upload_access_problems`).
     """
     from reasonctl.core.config import preflight_problems
 
@@ -89,6 +93,12 @@ def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1,
     if isinstance(backend_options, ValidatesRunConfig):
         problems += backend_options.config_problems(config, world_size=world_size)
     problems += placement_problems(config, options)
+    if check_access and config.checkpoint.upload:
+        from reasonctl.core.uploads import upload_access_problems
+
+        named = {int(m.group(1)) for p in problems
+                 if (m := re.match(r"checkpoint\.upload\.(\d+):", p))}
+        problems += upload_access_problems(config, registry, skip=named)
     if problems:
         raise ConfigError(problems)
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal, Protocol, runtime_checkable
 
 from reasonctl.core.config import RunConfig
+from reasonctl.core.config.preflight import ChecksUris
 from reasonctl.core.lifecycle import LifecycleHooks
 from reasonctl.core.registry import Registry
 from reasonctl.core.types import (
@@ -861,6 +862,7 @@ __all__ = [
     "Algorithm",
     "Backend",
     "ChecksAccess",
+    "ChecksUris",
     "Closes",
     "CountsSkippedRows",
     "Dataset",

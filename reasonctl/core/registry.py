@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from reasonctl.core.contracts import contract_problem, inspect_factory
+from reasonctl.core.contracts import contract_problem, inspect_factory, product_problem
 from reasonctl.core.errors import (
     BrokenComponentError,
     ComponentContractError,
@@ -280,10 +280,12 @@ class Registrar:
             config_model, problem = None, (
                 f"its config_model {config_model!r} is not a pydantic BaseModel subclass"
             )
+        contract = self._registry.contracts.get(self._kind)
+        if not problem and contract is not None:
+            problem = product_problem(factory, contract)
         self._registry.add(
             ComponentSpec(
                 self._kind, name, factory, self._owner, config_model, description,
-                contract=self._registry.contracts.get(self._kind),
-                takes_ctx=shape.takes_ctx, problem=problem,
+                contract=contract, takes_ctx=shape.takes_ctx, problem=problem,
             )
         )
