@@ -111,6 +111,8 @@ def _run(config: RunConfig, host: PluginHost, progress: bool, stop: StopRequest)
 
     for record in host.errors:
         ctx.info(f"warning: {record.error} (skipped; see `reasonctl plugins`)")
+    for line in host.shadow_warnings():
+        ctx.info(line)
     backend = ctx.backend = build_backend(ctx)
     algorithm = build_algorithm(ctx)
     needs = algorithm_needs(algorithm, config.component_config("algorithm", config.algorithm.name))

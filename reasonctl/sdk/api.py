@@ -166,6 +166,12 @@ def resolve_run_config(
     dataset_map: dict[str, Any] = {}
     if datasets is not None:
         dataset_map = dict(datasets) if isinstance(datasets, Mapping) else {ADHOC_DATASET: datasets}
+    registered = host.registry.available("reward")
+    for name in reward_fns:
+        if name in registered:  # it would not be used (a built-in) or clash (a plugin's)
+            raise ValueError(f"the Python reward {name!r} has the name of the registered reward "
+                             f"{name!r} ({registered[name]}); pass it under a name of its own, "
+                             f"e.g. rewards={{'my_{name}': {name}}}")
     if reward_fns or dataset_map:
         host.add_plugin(_AdhocPlugin(reward_fns, dataset_map), name="sdk")
 
