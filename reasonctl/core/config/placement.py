@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 from pydantic import Field, field_validator
 
 from reasonctl.core.config.schema import DEVICE_PATTERN, Section
+from reasonctl.core.errors import install_command
 
 if TYPE_CHECKING:
     from reasonctl.core.config.schema import RunConfig
@@ -158,7 +159,7 @@ def placement_problems(config: RunConfig, algorithm_options: object) -> list[str
                         "redis-server) or point redis_url at a running Redis")
     if importlib.util.find_spec("redis") is None:
         problems.append("rollout.placement: 'separate' talks to Redis through redis-py, "
-                        "which is not installed; pip install 'reasonctl[async]'")
+                        f"which is not installed; {install_command('async')}")
     return problems
 
 
@@ -190,7 +191,7 @@ def tensor_parallel_problems(config: RunConfig) -> list[str]:
     if tp > 1 and engine not in TENSOR_PARALLEL_ENGINES:
         return [f"rollout.workers.tensor_parallel: the {engine} engine runs a rollout replica "
                 f"on one device (got {tp}); for tensor-parallel workers set rollout.engine = "
-                "'vllm' (pip install 'reasonctl[vllm]'), which shards each worker's model "
+                f"'vllm' ({install_command('vllm')}), which shards each worker's model "
                 "over tensor_parallel GPUs, or keep tensor_parallel = 1 and raise "
                 "rollout.workers.count"]
     if engine != "vllm":
