@@ -87,11 +87,11 @@ from reasonctl.core.protocols import (
 )
 from reasonctl.core.registry import Registrar
 from reasonctl.core.reward_set import RewardScores, RewardSet
-from reasonctl.core.runner import RunResult
 from reasonctl.core.storage import StorageError
 from reasonctl.core.types import (
     Completion,
     ContentPart,
+    EncodedSample,
     Message,
     Metrics,
     ModelSource,
@@ -101,6 +101,7 @@ from reasonctl.core.types import (
     SamplingParams,
     TrainBatch,
 )
+from reasonctl.runtime.runner import RunResult
 from reasonctl.sdk.api import (
     build_component,
     get_component,
@@ -140,7 +141,7 @@ if TYPE_CHECKING:
     from reasonctl.async_rl.pool import RolloutWorkers
     from reasonctl.data.collate import collate
     from reasonctl.data.datasets import ListDataset, shard
-    from reasonctl.data.processing import ChatProcessor, EncodedSample
+    from reasonctl.data.processing import ChatProcessor
     from reasonctl.data.prompting import layout_mcq
     from reasonctl.evaluation.scoring import EvalReport, score_samples
     from reasonctl.models.loading import resolve_model_source
@@ -173,7 +174,6 @@ _LAZY: dict[str, str] = {
     "ListDataset": "reasonctl.data.datasets",
     "shard": "reasonctl.data.datasets",
     "ChatProcessor": "reasonctl.data.processing",
-    "EncodedSample": "reasonctl.data.processing",
     "collate": "reasonctl.data.collate",
     "layout_mcq": "reasonctl.data.prompting",
     # the model's directories

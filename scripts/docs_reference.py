@@ -29,7 +29,7 @@ CONFIG_PAGE = ROOT / "docs" / "reference" / "configuration.md"
 
 GROUPS: list[tuple[str, tuple[str, ...]]] = [
     ("Running, configs and plugins", ("reasonctl.sdk", "reasonctl.core.plugins",
-                                      "reasonctl.core.registry", "reasonctl.core.runner",
+                                      "reasonctl.core.registry", "reasonctl.runtime.runner",
                                       "reasonctl.core.config", "reasonctl.core.callables",
                                       "pluggy")),
     ("Protocols, capabilities and the run context", ("reasonctl.core.protocols",)),

@@ -10,7 +10,6 @@ import pytest
 from pydantic import BaseModel
 
 import reasonctl
-from reasonctl.core.composition import preflight
 from reasonctl.core.config import (
     InputDir,
     InputPath,
@@ -20,6 +19,7 @@ from reasonctl.core.config import (
 )
 from reasonctl.core.errors import ConfigError
 from reasonctl.core.plugins import PluginHost
+from reasonctl.runtime.composition import preflight
 
 
 class ShardConfig(BaseModel):  # a third-party dataset marking its inputs

@@ -26,7 +26,7 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _model_dir(alias: str) -> Path:
-    from reasonctl.models.tiny import resolve_tiny_alias
+    from reasonctl.models.tiny_aliases import resolve_tiny_alias
 
     return Path(resolve_tiny_alias(alias))
 

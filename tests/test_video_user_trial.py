@@ -10,7 +10,8 @@ import pytest
 from data_factories import write_chat_jsonl, write_tiny_mp4
 
 from reasonctl.core.errors import DataError
-from reasonctl.data.formats.hf import HfConfig, build_hf_dataset
+from reasonctl.data.formats.hf import HfConfig
+from reasonctl.data.formats.hf_dataset import build_hf_dataset
 from reasonctl.data.formats.jsonl import JsonlConfig, build_jsonl_dataset
 from reasonctl.data.prompting import layout_mcq
 from reasonctl.rewards.choice import ChoiceConfig, choice_judgement

@@ -145,7 +145,7 @@ def run_command(
         fail("the 'single' backend runs one process; use --backend fsdp (or megatron) with "
              "--nproc-per-node > 1", code=2)
     if not common.inside_launcher():  # the launching process already checked
-        from reasonctl.core.composition import preflight
+        from reasonctl.runtime.composition import preflight
 
         # the layout of every process this command starts, before any of them starts
         preflight(cfg, common.host().registry, processes=nproc_per_node * nnodes)
@@ -160,7 +160,7 @@ def run_command(
         from reasonctl.cli.launch import follow_launcher
 
         follow_launcher()
-    from reasonctl.core.runner import run
+    from reasonctl.runtime.runner import run
 
     result = run(cfg, host=common.host())
     common.report_result(result)

@@ -69,7 +69,7 @@ def validate(
 ) -> None:
     """Check the configuration and what it needs (files, devices, upload targets and their
     credentials) without running; exit 2 listing every problem."""
-    from reasonctl.core.composition import preflight
+    from reasonctl.runtime.composition import preflight
 
     common.warn_plugin_errors()
     cfg = common.load(config, set_, common.flag_values(algo=algo, backend=backend))

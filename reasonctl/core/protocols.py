@@ -37,6 +37,7 @@ from reasonctl.core.lifecycle import LifecycleHooks
 from reasonctl.core.registry import Registry
 from reasonctl.core.types import (
     Completion,
+    EncodedSample,
     Metrics,
     ModelSource,
     PolicyBatch,
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
     import torch
 
     from reasonctl.core.checkpoint import CheckpointManager
-    from reasonctl.data.processing import EncodedSample
 
 
 # --- the run context ---------------------------------------------------------------------------

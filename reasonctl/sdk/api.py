@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from reasonctl.core.composition import preflight
 from reasonctl.core.config import (
     RunConfig,
     build_config_model,
@@ -22,8 +21,9 @@ from reasonctl.core.config import load_config as _load_config
 from reasonctl.core.plugins import PluginHost, hookimpl
 from reasonctl.core.protocols import RunContext
 from reasonctl.core.registry import ComponentSpec
-from reasonctl.core.runner import RunResult
-from reasonctl.core.runner import run as _run
+from reasonctl.runtime.composition import preflight
+from reasonctl.runtime.runner import RunResult
+from reasonctl.runtime.runner import run as _run
 
 RewardLike = Callable[..., Any] | tuple[Callable[..., Any], float]
 ADHOC_DATASET = "sdk"
@@ -134,7 +134,7 @@ def run(
     plugin_manager: PluginHost | None = None,
     overrides: Iterable[str] = (),
 ) -> RunResult:
-    """Run training and return a :class:`~reasonctl.core.runner.RunResult`.
+    """Run training and return a :class:`~reasonctl.runtime.runner.RunResult`.
 
     ``config`` is a :class:`RunConfig`, a TOML path or a plain mapping. ``rewards`` are
     Python callables (optionally ``(callable, weight)`` pairs, or a name -> callable

@@ -68,7 +68,7 @@ def preflight_problems(config: RunConfig, registry: Registry, *,
     ``reads_data = False`` (an algorithm whose ``Needs`` ask for no dataset) leaves the
     data format's paths unchecked. The algorithm's own checks
     (:class:`~reasonctl.core.protocols.ValidatesRunConfig`) are added by
-    :func:`reasonctl.core.composition.preflight`.
+    :func:`reasonctl.runtime.composition.preflight`.
     """
     problems: list[str] = []
     for prefix, model, fields in _models_in_use(config, registry, reads_data):

@@ -1,6 +1,6 @@
 """Building the parts of a run from the config, through the registry.
 
-The runner (:mod:`reasonctl.core.runner`) is the only composer of a training run, and
+The runner (:mod:`reasonctl.runtime.runner`) is the only composer of a training run, and
 ``reasonctl eval`` composes an evaluation the same way; both use these functions so a part
 is built one way everywhere: the backend, the model source, the chat processor, the
 dataset (seen through :class:`~reasonctl.data.datasets.DatasetView`, which applies the
@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reasonctl.core.config.placement import placement_problems
+from reasonctl.core.config.placement_checks import placement_problems
 from reasonctl.core.errors import ConfigError, ReasonctlError
 from reasonctl.core.protocols import (
     DeclaresNeeds,
