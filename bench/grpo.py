@@ -106,9 +106,9 @@ def decode_options(args: argparse.Namespace) -> Any:
 def run_reasonctl(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     """reasonctl's GRPO step by step; per-step metrics and memory."""
     from reasonctl.algorithms.grpo import GRPO
-    from reasonctl.core.composition import compose
     from reasonctl.core.protocols import algorithm_needs
     from reasonctl.rollout import DecodeOptions
+    from reasonctl.runtime.composition import compose
 
     out = Path(args.out) / "run" / "grpo"
     out.mkdir(parents=True, exist_ok=True)

@@ -72,8 +72,8 @@ def parse_args() -> argparse.Namespace:
 def build(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
     """The backend (bf16 weights and optimizer state, checkpointing) and the training rows."""
     from reasonctl.algorithms.policy_batch import policy_rows
-    from reasonctl.core.composition import build_dataset, build_processor
     from reasonctl.core.types import Completion, RolloutGroup
+    from reasonctl.runtime.composition import build_dataset, build_processor
 
     out = Path(args.out)
     model_dir = build_vl_model_dir(out / "models", args.model, args.size)

@@ -74,7 +74,7 @@ def parse_args() -> argparse.Namespace:
 def setup(args: argparse.Namespace) -> tuple[Any, Any, list[Any]]:
     """The backend, run context (processor and engine composed as a run composes them) and
     the encoded video prompts."""
-    from reasonctl.core.composition import build_dataset, build_processor
+    from reasonctl.runtime.composition import build_dataset, build_processor
 
     out = Path(args.out)
     model_dir = build_vl_model_dir(out / "models", args.model, args.size)

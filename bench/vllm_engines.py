@@ -89,8 +89,8 @@ def measure_one(engine: str, size: str, prompts: int, prompt_len: int, new_token
     import torch
 
     from bench.common import build_model_dir, now, random_rows, tokenizer_dir
-    from reasonctl.core.composition import build_rollout_engine
     from reasonctl.core.types import SamplingParams
+    from reasonctl.runtime.composition import build_rollout_engine
     from reasonctl.testing import run_context
 
     model_dir = build_model_dir(out / "models", size)

@@ -46,6 +46,8 @@ from reasonctl.core.plugins import PluginHost, hookimpl
 from reasonctl.core.protocols import (
     Algorithm,
     Backend,
+    ChecksAccess,
+    ChecksUris,
     Closes,
     CountsSkippedRows,
     Dataset,
@@ -79,14 +81,17 @@ from reasonctl.core.protocols import (
     UpdatesChangedWeights,
     ValidatesProcessLayout,
     ValidatesRunConfig,
+    check_storage_access,
     reward_media_type,
+    streams_samples,
 )
 from reasonctl.core.registry import Registrar
 from reasonctl.core.reward_set import RewardScores, RewardSet
-from reasonctl.core.runner import RunResult
+from reasonctl.core.storage import StorageError
 from reasonctl.core.types import (
     Completion,
     ContentPart,
+    EncodedSample,
     Message,
     Metrics,
     ModelSource,
@@ -96,7 +101,15 @@ from reasonctl.core.types import (
     SamplingParams,
     TrainBatch,
 )
-from reasonctl.sdk.api import get_component, list_components, load_config, plugin_host, run
+from reasonctl.runtime.runner import RunResult
+from reasonctl.sdk.api import (
+    build_component,
+    get_component,
+    list_components,
+    load_config,
+    plugin_host,
+    run,
+)
 from reasonctl.sdk.scoring import ScoreReport, score
 
 if TYPE_CHECKING:
@@ -125,9 +138,10 @@ if TYPE_CHECKING:
         sync_engine_weights,
     )
     from reasonctl.algorithms.sampling import BatchLayout, EpochSampler
+    from reasonctl.async_rl.pool import RolloutWorkers
     from reasonctl.data.collate import collate
     from reasonctl.data.datasets import ListDataset, shard
-    from reasonctl.data.processing import ChatProcessor, EncodedSample
+    from reasonctl.data.processing import ChatProcessor
     from reasonctl.data.prompting import layout_mcq
     from reasonctl.evaluation.scoring import EvalReport, score_samples
     from reasonctl.models.loading import resolve_model_source
@@ -152,13 +166,14 @@ _LAZY: dict[str, str] = {
     "sampling_params": "reasonctl.algorithms.rollouts",
     "step_seed": "reasonctl.algorithms.rollouts",
     "sync_engine_weights": "reasonctl.algorithms.rollouts",
+    # separate rollout workers (ctx.rollout_workers)
+    "RolloutWorkers": "reasonctl.async_rl.pool",
     # data order, sharding, encoding
     "BatchLayout": "reasonctl.algorithms.sampling",
     "EpochSampler": "reasonctl.algorithms.sampling",
     "ListDataset": "reasonctl.data.datasets",
     "shard": "reasonctl.data.datasets",
     "ChatProcessor": "reasonctl.data.processing",
-    "EncodedSample": "reasonctl.data.processing",
     "collate": "reasonctl.data.collate",
     "layout_mcq": "reasonctl.data.prompting",
     # the model's directories
@@ -194,6 +209,8 @@ __all__ = [
     "BatchLayout",
     "BrokenComponentError",
     "ChatProcessor",
+    "ChecksAccess",
+    "ChecksUris",
     "Closes",
     "Completion",
     "ComponentContractError",
@@ -243,6 +260,7 @@ __all__ = [
     "RewardSet",
     "RolloutEngine",
     "RolloutGroup",
+    "RolloutWorkers",
     "RunConfig",
     "RunContext",
     "RunResult",
@@ -253,6 +271,7 @@ __all__ = [
     "ScoresMedia",
     "SharesPolicyWeights",
     "Storage",
+    "StorageError",
     "StreamsSamples",
     "StreamsText",
     "SubmitsAsync",
@@ -266,6 +285,8 @@ __all__ = [
     "__version__",
     "as_reward",
     "batched",
+    "build_component",
+    "check_storage_access",
     "chunked",
     "collate",
     "collate_policy_rows",
@@ -295,5 +316,6 @@ __all__ = [
     "shard",
     "step_seed",
     "store_completion_logprobs",
+    "streams_samples",
     "sync_engine_weights",
 ]

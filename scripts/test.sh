@@ -2,7 +2,7 @@
 # Set up, then run the linter and the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh dev
 .venv/bin/ruff check reasonctl tests examples bench
 # Without arguments: the default suite. The end-to-end learning runs (marker slow), the
 # fault campaign (faults) and the vLLM suite (scripts/test_vllm.sh) are steps of their own

@@ -60,7 +60,8 @@ def test_a_worker_whose_model_does_not_fit_stops_before_taking_a_batch(
 
     from reasonctl.async_rl.transport import Transport
     from reasonctl.async_rl.weight_sync import FilePublisher
-    from reasonctl.models.tiny import make_tiny_model_dir, resolve_tiny_alias
+    from reasonctl.models.tiny import make_tiny_model_dir
+    from reasonctl.models.tiny_aliases import resolve_tiny_alias
 
     trainer_model = Path(resolve_tiny_alias("tiny-random"))
     narrow = make_tiny_model_dir(tmp_path / "narrow", hidden_size=32, intermediate_size=64)
@@ -159,7 +160,7 @@ def test_a_worker_says_when_the_trainer_is_gone_and_how_long_it_waits(
 
     from reasonctl.async_rl.transport import Transport
     from reasonctl.async_rl.weight_sync import FilePublisher
-    from reasonctl.models.tiny import resolve_tiny_alias
+    from reasonctl.models.tiny_aliases import resolve_tiny_alias
 
     model = Path(resolve_tiny_alias("tiny-random"))
     transport = Transport.open(redis_url, "trial-2", timeout_s=5)

@@ -65,7 +65,8 @@ class MixedPlugin:
 
     @reasonctl.hookimpl
     def register_algorithms(self, register):
-        register("rloo", RLOO)
+        register("rloo", lambda config: RLOO(config))  # what it builds is known only then
+        register("rloo_class", RLOO)
         register("complete", CompleteAlgorithm)
         register("forgot_return", lambda config: None)
 
@@ -90,9 +91,11 @@ def test_broken_factory_is_reported_and_siblings_work(host):
     reward = host.registry.get("reward", "scaled").build({"scale": 0.5})
     assert reward(["a", "b"], [None, None]) == [0.5, 0.5]
     assert host.registry.names("reward") == ["scaled"]
-    assert {s.name for s in host.registry.broken()} == {"needs_tokenizer", "not_callable"}
+    assert {s.name for s in host.registry.broken()} == {"needs_tokenizer", "not_callable",
+                                                        "rloo_class"}
     report = host.describe()
-    assert {b["name"] for b in report["broken"]} == {"needs_tokenizer", "not_callable"}
+    assert {b["name"] for b in report["broken"]} == {"needs_tokenizer", "not_callable",
+                                                     "rloo_class"}
     statuses = {c["name"]: c["status"] for c in report["components"]["reward"]}
     assert statuses == {"needs_tokenizer": "broken", "not_callable": "broken", "scaled": "ok"}
 
@@ -131,8 +134,11 @@ def test_owner_label_names_the_distribution(tmp_path, monkeypatch):
     site = make_distribution(tmp_path / "site", "reasonctl-rloo", "0.1", {"rloo_plugin": code},
                              {"rloo": "rloo_plugin"})
     monkeypatch.syspath_prepend(str(site))
-    with pytest.raises(ComponentContractError, match=r"^algorithm 'rloo' \(reasonctl-rloo 0.1\)"):
-        PluginHost.load().registry.get("algorithm", "rloo").build()
+    with pytest.raises(BrokenComponentError,
+                       match=r"^algorithm 'rloo' \(reasonctl-rloo 0.1\) cannot be used: its "
+                             r"class RLOO lacks state_dict, load_state_dict required by the "
+                             r"Algorithm protocol"):
+        PluginHost.load().registry.get("algorithm", "rloo")
 
 
 def test_ctx_is_passed_only_to_factories_that_declare_it():
@@ -259,3 +265,80 @@ def test_builtin_components_satisfy_their_protocols():
     assert type(storage).__name__ == "LocalStorage"
     for spec in host.registry.all():  # every built-in factory passed the registration check
         assert spec.problem == ""
+
+
+class HalfwayLogger:
+    """A logger that forgot ``close``."""
+
+    def __init__(self, config: Any) -> None:
+        pass
+
+    def log(self, metrics: Any, step: int) -> None:
+        pass
+
+
+class NoWeightsEngine:
+    def generate(self, prompts: Any, params: Any) -> list[Any]:
+        return []
+
+
+def build_no_weights_engine(config: Any, ctx: Any) -> NoWeightsEngine:
+    return NoWeightsEngine()
+
+
+class ProxyLogger:
+    """Serves its members through ``__getattr__``: only the built object can tell."""
+
+    def __init__(self, config: Any) -> None:
+        self.inner = HalfwayLogger(config)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class StreamOfNothing:
+    """A streamed dataset (``StreamsSamples``): ``samples_per_epoch`` is set per instance."""
+
+    def __init__(self, config: Any) -> None:
+        self.samples_per_epoch = None
+
+    def iterate(self, rank: int, world_size: int, state: Any) -> Any:
+        return iter(())
+
+
+class IncompletePlugin:
+    @reasonctl.hookimpl
+    def register_loggers(self, register):
+        register("halfway", HalfwayLogger)
+        register("proxy", ProxyLogger)
+
+    @reasonctl.hookimpl
+    def register_rollout_engines(self, register):
+        register("no_weights", build_no_weights_engine)
+
+    @reasonctl.hookimpl
+    def register_datasets(self, register):
+        register("nothing", StreamOfNothing)
+
+
+def test_a_component_missing_a_method_is_refused_when_registered():
+    host = PluginHost.load(entry_points=False)
+    host.add_plugin(IncompletePlugin(), name="incomplete")
+    broken = {spec.name: spec.problem for spec in host.registry.broken()}
+    assert broken == {
+        "halfway": "its class HalfwayLogger lacks close required by the Logger protocol (see "
+                   "reasonctl.Logger)",
+        "no_weights": "its class NoWeightsEngine lacks update_weights required by the "
+                      "RolloutEngine protocol (see reasonctl.RolloutEngine)",
+    }
+    assert sorted(host.registry.names("logger")) == ["proxy"]
+    assert host.registry.names("dataset") == ["nothing"]
+    # a config naming it is refused with every other problem, before anything is built
+    with pytest.raises(reasonctl.ConfigError) as info:
+        reasonctl.load_config(plugins=[IncompletePlugin()], values={
+            "logging": {"loggers": ["console", "halfway"]}, "rollout": {"engine": "no_weights"}})
+    problems = "\n".join(info.value.problems)
+    assert "logger 'halfway' (IncompletePlugin) cannot be used: its class HalfwayLogger lacks " \
+           "close" in problems
+    assert "rollout engine 'no_weights' (IncompletePlugin) cannot be used: its class " \
+           "NoWeightsEngine lacks update_weights" in problems

@@ -176,7 +176,7 @@ def test_split_sequences_match_the_whole_model(world: int, cases: dict[str, Any]
 def _run_in_process(config_file: Path, *overrides: str) -> Any:
     from reasonctl.core.config import load_config
     from reasonctl.core.plugins import PluginHost
-    from reasonctl.core.runner import run
+    from reasonctl.runtime.runner import run
 
     host = PluginHost.load()
     result = run(load_config(config_file, list(overrides), registry=host.registry), host=host)

@@ -15,7 +15,8 @@ from data_factories import write_chat_jsonl, write_tiny_mp4
 
 from reasonctl.core.errors import DataError
 from reasonctl.core.types import Sample
-from reasonctl.data.formats.hf import HfConfig, build_hf_dataset
+from reasonctl.data.formats.hf import HfConfig
+from reasonctl.data.formats.hf_dataset import build_hf_dataset
 from reasonctl.data.formats.jsonl import JsonlConfig, build_jsonl_dataset
 from reasonctl.data.formats.video_folder import VideoFolderConfig, build_video_folder_dataset
 from reasonctl.data.prompting import layout_mcq

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from reasonctl.core.composition import build_dataset
 from reasonctl.core.config import load_config
 from reasonctl.core.errors import DataError
 from reasonctl.core.lifecycle import LifecycleHooks
 from reasonctl.core.protocols import RunContext
 from reasonctl.core.types import ContentPart
+from reasonctl.runtime.composition import build_dataset
 from tests.data_factories import write_chat_jsonl, write_png
 
 

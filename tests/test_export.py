@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from reasonctl.core.config import load_config
 from reasonctl.core.plugins import PluginHost, hookimpl
-from reasonctl.core.runner import run
 from reasonctl.core.types import ContentPart, Message, Sample
+from reasonctl.runtime.runner import run
 
 
 def chat(question: str, answer: str) -> Sample:

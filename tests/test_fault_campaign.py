@@ -293,7 +293,8 @@ def test_crafted_dcp_metadata_is_refused_without_running_it(tmp_path: Path) -> N
 
 def test_model_that_does_not_fit_its_checkpoint_names_the_tensors(tmp_path: Path) -> None:
     from reasonctl.backends.dcp_load import CheckpointMismatchError
-    from reasonctl.models.tiny import make_tiny_model_dir, resolve_tiny_alias
+    from reasonctl.models.tiny import make_tiny_model_dir
+    from reasonctl.models.tiny_aliases import resolve_tiny_alias
 
     values = config(tmp_path / "run")
     values["train"]["max_steps"] = 3

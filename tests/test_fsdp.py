@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from reasonctl.core.config import load_config
 from reasonctl.core.plugins import PluginHost
-from reasonctl.core.runner import run
 from reasonctl.loggers.metrics_file import read_metrics
+from reasonctl.runtime.runner import run
 
 STEPS = 6
 

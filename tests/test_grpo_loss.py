@@ -240,3 +240,22 @@ def test_grpo_training_rows_leave_completions_no_reward_scored_at_zero(
     assert [row.advantage for row in rows] == pytest.approx(
         [1 - 1 / 3, 0.0, -1 / 3, -1 / 3, 0.0, 0.0, 0.5, -0.5])
     assert "3 of 8 completions got None from every reward" in caplog.text
+
+
+def test_per_token_advantages_weight_each_token() -> None:
+    # one sequence, on-policy (ratio 1): the gradient of token t is -A[t] / N
+    logp = torch.zeros(2, 3, requires_grad=True)
+    mask = torch.ones(2, 3)
+    settings = PolicyLossSettings(loss_aggregation="token-mean")
+    per_token = torch.tensor([[1.0, 0.0, -2.0], [0.5, 0.5, 0.5]])
+    loss, _ = policy_loss(logp, logp.detach(), per_token, mask, settings)
+    loss.backward()
+    assert logp.grad is not None
+    assert torch.allclose(logp.grad, torch.tensor([[-1 / 6, 0.0, 2 / 6], [-0.5 / 6] * 3]))
+    # one value per sequence is the same as that value on each of its tokens
+    same, _ = policy_loss(logp.detach(), logp.detach(), torch.tensor([0.5, -1.0]), mask, settings)
+    spread, _ = policy_loss(logp.detach(), logp.detach(),
+                            torch.tensor([[0.5] * 3, [-1.0] * 3]), mask, settings)
+    assert same.item() == pytest.approx(spread.item())
+    with pytest.raises(ValueError, match=r"advantages of shape \(2, 2\)"):
+        policy_loss(logp.detach(), logp.detach(), torch.ones(2, 2), mask, settings)

@@ -9,7 +9,8 @@ import pytest
 
 from reasonctl.core.errors import ConfigError, DataError
 from reasonctl.core.protocols import streams_samples
-from reasonctl.data.formats.hf import HfConfig, build_hf_dataset
+from reasonctl.data.formats.hf import HfConfig
+from reasonctl.data.formats.hf_dataset import build_hf_dataset
 from tests.data_factories import write_chat_jsonl
 
 ROWS = 11

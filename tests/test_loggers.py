@@ -510,7 +510,7 @@ def test_number_formats() -> None:
 
 def test_runner_drives_the_loggers(host: PluginHost, tmp_path: Path,
                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from reasonctl.core.runner import run
+    from reasonctl.runtime.runner import run
 
     config = make_config(host, tmp_path / "run", "logging.every_steps=3",
                          "logging.loggers=['console', 'jsonl', 'tensorboard']",

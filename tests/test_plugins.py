@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -247,7 +248,8 @@ def test_require_names_the_distribution_of_a_third_party_caller(tmp_path, monkey
 
 @pytest.mark.parametrize(
     ("caller", "expected"),
-    [("reasonctl.data.somewhere", "pip install 'reasonctl[video]'"),
+    [("reasonctl.data.somewhere",  # reasonctl is installed from its clone: an editable install
+      f"pip install -e '{Path(reasonctl.__file__).resolve().parents[1]}[video]'"),
      ("a_script_of_no_distribution", "install 'no_such_package_xyz' (the 'video' extra")],
 )
 def test_require_from_reasonctl_or_an_unknown_caller(caller, expected):

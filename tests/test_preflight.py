@@ -10,7 +10,6 @@ import pytest
 from pydantic import BaseModel
 
 import reasonctl
-from reasonctl.core.composition import preflight
 from reasonctl.core.config import (
     InputDir,
     InputPath,
@@ -20,6 +19,7 @@ from reasonctl.core.config import (
 )
 from reasonctl.core.errors import ConfigError
 from reasonctl.core.plugins import PluginHost
+from reasonctl.runtime.composition import preflight
 
 
 class ShardConfig(BaseModel):  # a third-party dataset marking its inputs
@@ -225,3 +225,55 @@ def test_a_missing_cuda_device_is_reported(registry, tmp_path, data_file):
         check_preflight(cfg, registry)
     assert info.value.problems == ["backend.device: 'cuda:1' but CUDA is not available on this "
                                    "machine; use 'cpu' or 'auto'"]
+
+
+class VaultConfig(BaseModel):  # a third-party storage scheme's config model
+    def uri_problems(self, uri: str) -> list[str]:
+        vault = uri.removeprefix("vault://").split("/", 1)[0]
+        return [] if vault else ["names no vault; expected vault://NAME[/prefix]"]
+
+
+class Vault:
+    """Access is refused to ``locked`` vaults; ``offline`` ones do not answer."""
+
+    def __init__(self, config: VaultConfig) -> None:
+        pass
+
+    def check_access(self, uri: str) -> None:
+        if "locked" in uri:
+            raise reasonctl.StorageError(f"{uri}: access denied", permanent=True)
+        if "offline" in uri:
+            raise reasonctl.StorageError(f"{uri}: no answer from the vault")
+
+    def put_file(self, local, uri): ...
+    def put_dir(self, local, uri): ...
+    def get_file(self, uri, local): ...
+    def get_dir(self, uri, local): ...
+    def list(self, uri): ...
+    def exists(self, uri): ...
+    def delete(self, uri): ...
+
+
+class VaultPlugin:
+    @reasonctl.hookimpl
+    def register_storage(self, register):
+        register("vault", Vault, config_model=VaultConfig)
+
+
+def test_a_plugin_storage_checks_its_uris_and_access_before_anything_loads(
+        tmp_path, data_file, capsys):
+    host = PluginHost.load()
+    host.add_plugin(VaultPlugin(), name="vault-plugin")
+    uris = ["vault://", "vault://locked/run", "vault://offline/run", "vault://open/run"]
+    cfg = config(host.registry, tmp_path, f"data.jsonl.path='{data_file}'",
+                 f"checkpoint.upload={uris!r}".replace('"', "'"))
+    assert preflight_problems(cfg, host.registry) == [
+        "checkpoint.upload.0: 'vault://' names no vault; expected vault://NAME[/prefix]"]
+    with pytest.raises(ConfigError) as info:  # config validate asks the storage too
+        preflight(cfg, host.registry, check_access=True)
+    assert info.value.problems == [
+        "checkpoint.upload.0: 'vault://' names no vault; expected vault://NAME[/prefix]",
+        "checkpoint.upload.1: vault://locked/run: access denied"]
+    warning = capsys.readouterr().err
+    assert "warning: checkpoint.upload.2 vault://offline/run: vault://offline/run: no answer" \
+           in warning

@@ -64,7 +64,7 @@ def test_bad_layouts_exit_2_before_any_worker_starts(
 def test_the_built_in_tiny_model_is_checked_too(tmp_path: Path, tiny_model_dir: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """``model.name_or_path = "tiny-random"`` (already created): its heads are known."""
-    from reasonctl.models.tiny import resolve_tiny_alias
+    from reasonctl.models.tiny_aliases import resolve_tiny_alias
 
     resolve_tiny_alias("tiny-random")
     config = write_run_files(tmp_path, tiny_model_dir)

@@ -168,7 +168,7 @@ def test_example_configs_validate(name: str) -> None:
 @pytest.mark.slow
 def test_quickstart_learns_the_bundled_data(tmp_path: Path, monkeypatch: Any) -> None:
     from reasonctl import load_config
-    from reasonctl.core.runner import run as run_config
+    from reasonctl.runtime.runner import run as run_config
 
     monkeypatch.chdir(REPO)  # the config's data path is relative to the repository root
     recorder = StepRecorder()

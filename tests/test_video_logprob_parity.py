@@ -23,7 +23,7 @@ from reasonctl.data.processing import ChatProcessor, EncodedSample
 def _model(alias: str) -> tuple[Any, ChatProcessor]:
     from transformers import AutoModelForImageTextToText
 
-    from reasonctl.models.tiny import resolve_tiny_alias
+    from reasonctl.models.tiny_aliases import resolve_tiny_alias
 
     directory = Path(resolve_tiny_alias(alias))
     model = AutoModelForImageTextToText.from_pretrained(directory, dtype=torch.float32).eval()

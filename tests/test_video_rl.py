@@ -26,7 +26,7 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _model_dir(alias: str) -> Path:
-    from reasonctl.models.tiny import resolve_tiny_alias
+    from reasonctl.models.tiny_aliases import resolve_tiny_alias
 
     return Path(resolve_tiny_alias(alias))
 
@@ -236,7 +236,7 @@ def test_grpo_learns_the_clips_colour_on_a_video_multiple_choice_task(tmp_path: 
 def test_video_quickstart_sft_then_grpo_raises_reward_and_held_out_accuracy(
     tmp_path: Path,
 ) -> None:
-    """The README's video quickstart with its configs (~1 minute on one thread): GRPO's
+    """The video quickstart (docs/video.md) with its configs (~1 minute on one thread): GRPO's
     reward rises from the SFT model's and held-out accuracy ends above SFT's."""
     import json
 

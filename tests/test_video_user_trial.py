@@ -10,7 +10,8 @@ import pytest
 from data_factories import write_chat_jsonl, write_tiny_mp4
 
 from reasonctl.core.errors import DataError
-from reasonctl.data.formats.hf import HfConfig, build_hf_dataset
+from reasonctl.data.formats.hf import HfConfig
+from reasonctl.data.formats.hf_dataset import build_hf_dataset
 from reasonctl.data.formats.jsonl import JsonlConfig, build_jsonl_dataset
 from reasonctl.data.prompting import layout_mcq
 from reasonctl.rewards.choice import ChoiceConfig, choice_judgement
@@ -238,15 +239,15 @@ def test_cosmos_rl_grpo_keys_point_to_reasonctl_keys(tmp_path: Path) -> None:
         assert expected in problems, problems
 
 
-def test_readme_video_quickstart_checks_data_with_models_that_exist() -> None:
+def test_the_video_quickstart_checks_data_with_models_that_exist() -> None:
     # `data check` of the GRPO config came before the SFT run that writes the GRPO config's
     # model, so the second command of the quickstart failed ("model ... not found")
     import re
     import tomllib
 
     root = Path(__file__).resolve().parents[1]
-    readme = (root / "README.md").read_text()
-    block = readme.split("### Video quickstart", 1)[1].split("```bash", 1)[1].split("```")[0]
+    page = (root / "docs" / "video.md").read_text()
+    block = page.split("## The quickstart", 1)[1].split("```bash", 1)[1].split("```")[0]
     written: set[str] = {"tiny-random-vl", "tiny-random-qwen3-vl"}
     for line in block.splitlines():
         config = re.search(r"--config (\S+\.toml)", line)

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from reasonctl.core.errors import DataError
-from reasonctl.data.formats.webdataset import WebDatasetConfig, build_webdataset
+from reasonctl.data.formats.webdataset import WebDatasetConfig
 from reasonctl.data.tar_shards import expand_braces
-from reasonctl.data.webdataset_stream import WebDatasetStream
+from reasonctl.data.webdataset_stream import WebDatasetStream, build_webdataset
 from tests.storage_servers import Bucket, S3Server, use_server
 
 SIZES = (5, 3, 4, 6, 2, 5)

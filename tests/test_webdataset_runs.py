@@ -67,8 +67,9 @@ def test_skipped_samples_are_named_in_the_skipped_rows_file(tmp_path: Path, shar
 def test_a_streamed_order_hands_out_the_names_of_what_it_skipped(shards: Path) -> None:
     """What GRPO's prompt draws record (they go through the same order as SFT's)."""
     from reasonctl.algorithms.sample_order import sample_order
-    from reasonctl.data.formats.webdataset import WebDatasetConfig, build_webdataset
+    from reasonctl.data.formats.webdataset import WebDatasetConfig
     from reasonctl.data.streams import StreamView
+    from reasonctl.data.webdataset_stream import build_webdataset
 
     dataset = build_webdataset(WebDatasetConfig(shards=str(shards) + "/"))
     dataset.skip_bad_rows = True

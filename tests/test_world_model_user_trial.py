@@ -1,4 +1,4 @@
-"""What a new user of world-model RL runs into: commands from the README on their own
+"""What a new user of world-model RL runs into: commands from the docs on their own
 pipelines and data, and the mistakes people bring from cosmos-rl and flow_grpo configs."""
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def engine_context(model_dir: Path, output_dir: Path, **vllm: Any) -> Any:
 
 def build_engine(ctx: Any) -> Any:
     """The ``vllm`` engine as a run builds it, from ``ctx``'s ``[rollout.vllm]``."""
-    from reasonctl.core.composition import build_rollout_engine
+    from reasonctl.runtime.composition import build_rollout_engine
 
     return build_rollout_engine(ctx)
 

@@ -161,7 +161,7 @@ class GRPOConfig(BaseModel):
 
     def separate_placement_problems(self, config: RunConfig) -> list[str]:
         """GRPO trains on rollouts of separate workers, one prompt batch per step and rank
-        (:class:`~reasonctl.core.config.placement.SupportsSeparatePlacement`)."""
+        (:class:`~reasonctl.core.config.placement_checks.SupportsSeparatePlacement`)."""
         if self.dynamic_sampling:
             return ["algorithm.grpo.dynamic_sampling: not available with rollout.placement = "
                     "'separate' (each step trains on the batch published for it); turn it off "

@@ -212,11 +212,12 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped-surrogate loss with optional KL penalty and entropy bonus.
 
-    Per token: ``max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))`` where ``r`` is the
-    importance ratio of :func:`importance_log_ratio`; with ``behaviour_logprobs`` (the
-    engine's) and ``settings.mismatch`` that term is multiplied by the constant weights of
-    :func:`~reasonctl.algorithms.mismatch.mismatch_weights` (and the ``mismatch/*`` metrics
-    are added); plus ``kl_beta * KL`` when
+    ``advantages`` is ``[B]`` (one value per sequence) or ``[B, T]`` like ``logprobs`` (one
+    value per token). Per token: ``max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))``
+    where ``r`` is the importance ratio of :func:`importance_log_ratio`; with
+    ``behaviour_logprobs`` (the engine's) and ``settings.mismatch`` that term is multiplied by
+    the constant weights of :func:`~reasonctl.algorithms.mismatch.mismatch_weights` (and the
+    ``mismatch/*`` metrics are added); plus ``kl_beta * KL`` when
     ``ref_logprobs`` is given, minus ``entropy_bonus * entropy`` when ``entropy`` is given;
     aggregated with :func:`aggregate`. Returns the loss and metrics (masked token means):
     ``loss/policy``, ``clip_frac/low`` (ratio below ``1 - eps_low`` with ``A < 0``, the
@@ -225,7 +226,12 @@ def policy_loss(
     """
     s = settings
     mask_f = mask.to(logprobs.dtype)
-    adv = advantages.to(logprobs.dtype).unsqueeze(-1)
+    adv = advantages.to(logprobs.dtype)
+    if adv.ndim == 1:
+        adv = adv.unsqueeze(-1)  # one value per sequence, the same on each of its tokens
+    elif adv.shape != logprobs.shape:
+        raise ValueError(f"advantages of shape {tuple(adv.shape)}: give one per sequence "
+                         f"({logprobs.shape[0]},) or one per token {tuple(logprobs.shape)}")
     log_ratio = importance_log_ratio(logprobs, old_logprobs, mask, s.importance_level)
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
     unclipped = -adv * ratio

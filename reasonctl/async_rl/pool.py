@@ -1,6 +1,6 @@
 """The trainer's view of its separate rollout workers (``ctx.rollout_workers``).
 
-Built by the runner (:func:`reasonctl.core.composition.build_rollout_workers`) when
+Built by the runner (:func:`reasonctl.runtime.composition.build_rollout_workers`) when
 ``rollout.placement = "separate"``. On the trainer's main process :meth:`RolloutWorkers.start`
 
 1. finds the run's Redis: ``rollout.workers.redis_url``, or a ``redis-server`` it starts on
@@ -32,7 +32,8 @@ from urllib.parse import urlparse
 
 from reasonctl.async_rl.processes import LocalRedis, start_worker, stop_process
 from reasonctl.async_rl.transport import Transport
-from reasonctl.async_rl.weight_sync import WeightPublisher, publisher_for, weight_dir
+from reasonctl.async_rl.weight_sync import WeightPublisher, weight_dir
+from reasonctl.async_rl.weight_transfer import publisher_for
 from reasonctl.core.errors import ReasonctlError
 
 if TYPE_CHECKING:

@@ -87,7 +87,7 @@ def connect(url: str, *, timeout_s: float, block_s: float = 1.0) -> Any:
         except redis.AuthenticationError as exc:
             raise UsageError(f"Redis at {redact_text(url)} refused our credentials ({exc}); "
                              "give its password in the URL, after a colon before the host "
-                             "and @ (see the URL form in the README)") from exc
+                             "and @ (see the URL form in docs/rollout-workers.md)") from exc
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             if time.monotonic() + 0.2 >= deadline:
                 raise ReasonctlError(

@@ -9,7 +9,8 @@ Mechanisms (``rollout.workers.weight_sync``):
 - ``broadcast`` (:mod:`reasonctl.async_rl.broadcast_sync`): a two-member process group per
   rollout replica, NCCL on CUDA and gloo on CPU, fed from a flat staging buffer;
 - ``file`` (:class:`FilePublisher`): a safetensors file per version in a directory that
-  both sides see (``/dev/shm`` on one node, a shared file system across nodes).
+  both sides see (``/dev/shm`` on one node, a shared file system across nodes);
+  :mod:`reasonctl.async_rl.weight_transfer` picks one.
 
 Floating-point tensors travel in the rollout's compute dtype. Every version is stamped
 with a :class:`~reasonctl.async_rl.messages.WeightVersion`, and staging reports its
@@ -254,31 +255,4 @@ def weight_dir(configured: str | None, run_id: str, output_dir: Path) -> Path:
     if shm.is_dir() and os.access(shm, os.W_OK):
         return shm / f"reasonctl-{run_id}"
     return output_dir / "weights"
-
-
-def publisher_for(mechanism: str, transport: Transport, *, device: torch.device,
-                  wire_dtype: torch.dtype, directory: Path, address: str,
-                  timeout_s: float) -> WeightPublisher:
-    """The trainer's publisher of ``mechanism`` (``broadcast`` or ``file``)."""
-    if mechanism == "file":
-        return FilePublisher(transport, directory, wire_dtype)
-    if mechanism == "broadcast":
-        from reasonctl.async_rl.broadcast_sync import BroadcastPublisher
-
-        return BroadcastPublisher(transport, device=device, wire_dtype=wire_dtype,
-                                  address=address, timeout_s=timeout_s)
-    raise ValueError(f"unknown weight sync mechanism {mechanism!r}; use broadcast or file")
-
-
-def receiver_for(info: dict[str, str], transport: Transport, *, name: str,
-                 device: torch.device, timeout_s: float) -> WeightReceiver:
-    """A worker's receiver for the mechanism ``info`` announces."""
-    mechanism = info.get("mechanism")
-    if mechanism == "file":
-        return FileReceiver(device)
-    if mechanism == "broadcast":
-        from reasonctl.async_rl.broadcast_sync import BroadcastReceiver
-
-        return BroadcastReceiver(transport, name=name, device=device, timeout_s=timeout_s)
-    raise RuntimeError(f"the trainer announced an unknown weight mechanism {mechanism!r}")
 

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 from reasonctl.algorithms.rollouts import sampling_params
 from reasonctl.async_rl.messages import PromptBatch, RolloutBatch, WeightVersion
 from reasonctl.async_rl.transport import Entry, Transport
-from reasonctl.async_rl.weight_sync import WeightReceiver, receiver_for, version_of
+from reasonctl.async_rl.weight_sync import WeightReceiver, version_of
+from reasonctl.async_rl.weight_transfer import receiver_for
 from reasonctl.backends.distributed import resolve_device, run_device
 from reasonctl.core.config.redaction import redact_text
 from reasonctl.core.errors import ConfigError, ReasonctlError, UsageError
@@ -97,8 +98,8 @@ class RolloutWorker:
              name: str | None = None, overrides: list[str] | None = None,
              connect_timeout_s: float = 10.0) -> RolloutWorker:
         """Connect to run ``run_id`` at ``url`` and build the engine on ``device``."""
-        from reasonctl.core.composition import build_processor, build_rollout_engine
         from reasonctl.models.loading import ensure_model_source
+        from reasonctl.runtime.composition import build_processor, build_rollout_engine
 
         try:  # before anything is loaded
             resolve_device(device)

@@ -146,7 +146,7 @@ def run_command(
     except InvalidConfigError as exc:  # every problem at once: the world's ones too
         if common.inside_launcher():
             raise
-        from reasonctl.core.composition import with_preflight_problems
+        from reasonctl.runtime.composition import with_preflight_problems
 
         raise with_preflight_problems(exc, common.host().registry,
                                       processes=nproc_per_node * nnodes) from None
@@ -155,7 +155,7 @@ def run_command(
         fail("the 'single' backend runs one process; use --backend fsdp (or megatron) with "
              "--nproc-per-node > 1", code=2)
     if not common.inside_launcher():  # the launching process already checked
-        from reasonctl.core.composition import preflight
+        from reasonctl.runtime.composition import preflight
 
         # the layout of every process this command starts, before any of them starts
         preflight(cfg, common.host().registry, processes=nproc_per_node * nnodes)
@@ -170,7 +170,7 @@ def run_command(
         from reasonctl.cli.launch import follow_launcher
 
         follow_launcher()
-    from reasonctl.core.runner import run
+    from reasonctl.runtime.runner import run
 
     result = run(cfg, host=common.host())
     common.report_result(result)

@@ -73,6 +73,8 @@ def warn_plugin_errors() -> None:
     """Warn about every plugin that failed to load (its components are missing)."""
     for record in host().errors:
         warn(f"{record.error} (skipped; `reasonctl plugins --all` shows why)")
+    for line in host().shadow_warnings():
+        warn(line.removeprefix("warning: "))
 
 
 def handle_errors(func: F) -> F:

@@ -74,12 +74,13 @@ def validate(
     ] = None,
     nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Number of nodes.")] = 1,
 ) -> None:
-    """Check the configuration and what it needs (files, devices) without running; exit 2
-    listing every problem. With ``--nproc-per-node`` the backend's layout on that many
-    processes per node is checked as ``reasonctl run`` checks it before it starts them."""
-    from reasonctl.core.composition import preflight, with_preflight_problems
+    """Check the configuration and what it needs (files, devices, upload targets and their
+    credentials) without running; exit 2 listing every problem. With ``--nproc-per-node``
+    the backend's layout on that many processes per node is checked as ``reasonctl run``
+    checks it before it starts them."""
     from reasonctl.core.config.loading import InvalidConfigError
     from reasonctl.core.errors import ConfigError
+    from reasonctl.runtime.composition import preflight, with_preflight_problems
 
     common.warn_plugin_errors()
     try:
@@ -90,7 +91,7 @@ def validate(
     if processes is not None and processes > 1 and cfg.backend.name == "single":
         raise ConfigError([f"backend.name: the 'single' backend runs one process, not "
                            f"{processes}; use --backend fsdp (or megatron)"])
-    preflight(cfg, common.host().registry, processes=processes)
+    preflight(cfg, common.host().registry, processes=processes, check_access=True)
     layout = f" processes={processes}" if processes is not None else ""
     typer.echo(f"ok: algorithm={cfg.algorithm.name} backend={cfg.backend.name}{layout} "
                f"data={cfg.data.format} output_dir={cfg.run.output_dir}")

@@ -8,6 +8,8 @@ import sys
 from importlib import metadata
 from typing import Any
 
+from reasonctl.core.errors import install_command
+
 EXTRAS = {
     "video": "av",
     "datasets": "datasets",
@@ -41,7 +43,7 @@ def collect_environment() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "packages": {p: _version(p) for p in ("torch", "transformers", "pydantic", "pluggy")},
-        "extras": {extra: ("yes" if _importable(mod) else f"no (pip install 'reasonctl[{extra}]')")
+        "extras": {extra: ("yes" if _importable(mod) else f"no ({install_command(extra)})")
                    for extra, mod in EXTRAS.items()},
     }
     try:

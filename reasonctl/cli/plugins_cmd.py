@@ -17,7 +17,8 @@ from reasonctl.cli import common
 from reasonctl.cli.common import handle_errors
 
 STATUS_STYLE = {"ok": "[green]ok[/]", "error": "[red]error[/]", "disabled": "[yellow]disabled[/]"}
-MARKS = {"conflict": " [red](conflict)[/]", "broken": " [red](broken)[/]", "ok": ""}
+MARKS = {"conflict": " [red](conflict)[/]", "broken": " [red](broken)[/]",
+         "shadowed": " [yellow](not used: built-in name)[/]", "ok": ""}
 
 
 @handle_errors
@@ -68,6 +69,9 @@ def render_report(report: dict[str, Any], *, show_all: bool) -> list[str]:
     if report["conflicts"]:
         lines += ["", "[red]Name conflicts[/] (none of the registrations is used):"]
         lines += [f"  {escape(conflict['message'])}" for conflict in report["conflicts"]]
+    if report["shadowed"]:
+        lines += ["", "[yellow]Built-in names[/] (these registrations are not used):"]
+        lines += [f"  {escape(shadow['message'])}" for shadow in report["shadowed"]]
     if report["broken"]:
         lines += ["", "[red]Unusable components[/] (their factories cannot be called):"]
         lines += [f"  {escape(b['kind'].replace('_', ' '))} {escape(repr(b['name']))} "

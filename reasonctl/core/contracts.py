@@ -126,6 +126,53 @@ def _has_member(obj: Any, name: str) -> bool:
         return False
 
 
+def product_problem(factory: Any, protocol: type | tuple[type, ...]) -> str:
+    """Why what ``factory`` builds cannot satisfy ``protocol``, known at registration
+    ("" when it can, or when that cannot be told before the factory runs).
+
+    Known are a class registered as its own factory and a function whose return
+    annotation names a class; the methods (and properties) the Protocol requires must be
+    defined on that class. Data attributes are left to the check of the built object, as
+    ``__init__`` may set them, and so is a class with ``__getattr__`` (a proxy).
+    """
+    product = factory if inspect.isclass(factory) else _returned_class(factory)
+    if product is None or getattr(product, "_is_protocol", False) or any(
+            "__getattr__" in vars(k) for k in product.__mro__ if k is not object):
+        return ""
+    alternatives = protocol if isinstance(protocol, tuple) else (protocol,)
+    missing = [_missing_methods(product, p) for p in alternatives]
+    if not all(missing):
+        return ""
+    others = "".join(f" or {p.__name__}'s {', '.join(m)}"
+                     for p, m in zip(alternatives[1:], missing[1:], strict=True))
+    return (f"its class {product.__qualname__} lacks {', '.join(missing[0])} required by the "
+            f"{alternatives[0].__name__} protocol{others} (see reasonctl."
+            f"{alternatives[0].__qualname__})")
+
+
+def _returned_class(factory: Any) -> type | None:
+    """The class a function's return annotation names, if it resolves to one."""
+    annotation = getattr(factory, "__annotations__", {}).get("return")
+    if isinstance(annotation, str):
+        try:
+            annotation = eval(annotation, getattr(factory, "__globals__", {}))
+        except Exception:  # a name imported only for type checkers: nothing to tell
+            return None
+    if not inspect.isclass(annotation) or annotation in (Any, object):
+        return None
+    return annotation
+
+
+def _missing_methods(cls: type, protocol: type) -> list[str]:
+    """The methods and properties of ``protocol`` that class ``cls`` does not define."""
+    declared = {name for klass in protocol.__mro__ if getattr(klass, "_is_protocol", False)
+                for name, value in vars(klass).items()
+                if inspect.isfunction(value) or isinstance(value, property)}
+    return [name for name in required_members(protocol)
+            if name in declared and not any(name in vars(k) for k in cls.__mro__
+                                            if k is not object)]
+
+
 def contract_problem(obj: Any, protocol: type | tuple[type, ...]) -> str:
     """Why ``obj`` does not satisfy ``protocol`` ("" when it does); given several Protocols,
     ``obj`` must satisfy one of them (the first is the one named when it satisfies none)."""

@@ -7,6 +7,7 @@ import importlib
 import sys
 from collections.abc import Iterable
 from importlib import metadata
+from pathlib import Path
 from types import ModuleType
 
 
@@ -101,6 +102,20 @@ class PluginLoadError(ReasonctlError):
     """A plugin failed to import or to register its components."""
 
 
+def install_command(extra: str, distribution: str = "reasonctl") -> str:
+    """The pip command that adds ``distribution``'s ``extra``.
+
+    reasonctl is installed from a clone (no release is published), so for reasonctl running
+    from a source tree it is an editable install of that tree:
+    ``pip install -e '/path/to/reasonctl[extra]'``.
+    """
+    if distribution == "reasonctl":
+        root = Path(__file__).resolve().parents[2]
+        if (root / "pyproject.toml").is_file():
+            return f"pip install -e '{root}[{extra}]'"
+    return f"pip install '{distribution}[{extra}]'"
+
+
 class MissingDependencyError(ReasonctlError, ImportError):
     """An optional package a component needs is not installed.
 
@@ -116,7 +131,7 @@ class MissingDependencyError(ReasonctlError, ImportError):
         if distribution is None:
             fix = f"install {package!r} (the {extra!r} extra of the plugin that needs it)"
         else:
-            fix = f"Install it with: pip install '{distribution}[{extra}]'"
+            fix = f"Install it with: {install_command(extra, distribution)}"
         super().__init__(f"The optional package {package!r} is not installed{needed_by}. {fix}")
         self.package = package
         self.extra = extra

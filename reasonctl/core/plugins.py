@@ -206,6 +206,8 @@ class PluginHost:
             f"{spec.label}: {spec.problem}" for spec in self.registry.broken()
             if spec.owner.name == record.name
         ]
+        problems += [shadow.message for shadow in self.registry.shadowed()
+                     if shadow.spec.owner.name == record.name]
         if problems:
             self._fail(record, "; ".join(problems), PluginLoadError("; ".join(problems)))
 
@@ -240,6 +242,11 @@ class PluginHost:
             for record in self.errors
         ]
 
+    def shadow_warnings(self) -> list[str]:
+        """One line per registration of a built-in name by another plugin (not used), for
+        the start of ``run`` and ``config validate``."""
+        return [f"warning: {shadow.message}" for shadow in self.registry.shadowed()]
+
     def add_commands(self, app: Any) -> None:
         """Let plugins add Typer commands to ``app``; a failing plugin is reported, not fatal.
 
@@ -263,16 +270,19 @@ class PluginHost:
 
         ``plugins``: one entry per plugin (status, hooks, commands, components by kind,
         error and traceback); ``components``: every registration by kind with its owner,
-        description, config keys and status (``ok``, ``conflict`` or ``broken``);
-        ``conflicts`` and ``broken``: the names that cannot be used and why.
+        description, config keys and status (``ok``, ``conflict``, ``shadowed`` or
+        ``broken``); ``conflicts``, ``shadowed`` and ``broken``: the registrations that are
+        not used and why.
         """
         conflicts = self.registry.conflicts()
         conflicted = {(c.kind, c.name) for c in conflicts}
+        shadowed = {id(shadow.spec): shadow for shadow in self.registry.shadowed()}
         components: dict[str, list[dict[str, Any]]] = {}
         for kind, by_name in self.registry.registrations.items():
             for name, specs in sorted(by_name.items()):
                 for spec in specs:
-                    status = ("conflict" if (kind, name) in conflicted
+                    status = ("shadowed" if id(spec) in shadowed
+                              else "conflict" if (kind, name) in conflicted
                               else "broken" if spec.problem else "ok")
                     components.setdefault(kind, []).append({
                         "name": name,
@@ -281,7 +291,8 @@ class PluginHost:
                         "version": spec.owner.version,
                         "description": spec.description,
                         "status": status,
-                        "problem": spec.problem or None,
+                        "problem": (shadowed[id(spec)].message if id(spec) in shadowed
+                                    else spec.problem or None),
                         "config": spec.config_keys(),
                     })
         plugins = []
@@ -311,6 +322,11 @@ class PluginHost:
             "broken": [
                 {"kind": s.kind, "name": s.name, "plugin": s.owner.name, "problem": s.problem}
                 for s in self.registry.broken()
+            ],
+            "shadowed": [
+                {"kind": s.spec.kind, "name": s.spec.name, "plugin": s.spec.owner.name,
+                 "message": s.message}
+                for s in self.registry.shadowed()
             ],
         }
 

@@ -32,10 +32,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal, Protocol, runtime_checkable
 
 from reasonctl.core.config import RunConfig
+from reasonctl.core.config.preflight import ChecksUris
 from reasonctl.core.lifecycle import LifecycleHooks
 from reasonctl.core.registry import Registry
 from reasonctl.core.types import (
     Completion,
+    EncodedSample,
     Metrics,
     ModelSource,
     PolicyBatch,
@@ -48,7 +50,6 @@ if TYPE_CHECKING:
     import torch
 
     from reasonctl.core.checkpoint import CheckpointManager
-    from reasonctl.data.processing import EncodedSample
 
 
 # --- the run context ---------------------------------------------------------------------------
@@ -776,7 +777,13 @@ class ReadsStreams(Protocol):
 
 @runtime_checkable
 class Logger(Protocol):
-    """Receives metrics; only the main rank's loggers are built and called."""
+    """Receives metrics; only the main rank's loggers are built and called.
+
+    Loggers are built after a resume: ``ctx.step`` (for a factory that declares ``ctx``) is
+    the step the run continues from, 0 for a fresh run. A resumed run logs the steps after
+    that checkpoint again, so a logger that appends to a record outliving the run keeps
+    what was logged up to ``ctx.step`` and drops the rest.
+    """
 
     def log(self, metrics: Metrics, step: int) -> None:
         """Record the metrics of ``step``."""
@@ -879,6 +886,7 @@ __all__ = [
     "Algorithm",
     "Backend",
     "ChecksAccess",
+    "ChecksUris",
     "Closes",
     "CountsSkippedRows",
     "Dataset",

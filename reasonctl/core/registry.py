@@ -2,8 +2,11 @@
 
 A name is usable when exactly one plugin registered it for its kind and its factory has the
 contract's shape. A name registered by several plugins is a conflict (none of them is used,
-whatever the load order); a factory of the wrong shape makes its component broken. Both are
-kept and reported, and looking such a name up raises an error saying why.
+whatever the load order), except that reasonctl's own names are never taken over: when
+reasonctl registers a name, the registrations of other plugins are *shadowed* (kept out of
+use and reported), so installing a plugin never changes what an unchanged config runs. A
+factory of the wrong shape makes its component broken. All of these are kept and reported,
+and looking an unusable name up raises an error saying why.
 
 The kind -> Protocol mapping (``contracts``) is handed in by the plugin host, so this module
 does not import :mod:`reasonctl.core.protocols`.
@@ -17,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from reasonctl.core.contracts import contract_problem, inspect_factory
+from reasonctl.core.contracts import contract_problem, inspect_factory, product_problem
 from reasonctl.core.errors import (
     BrokenComponentError,
     ComponentContractError,
@@ -35,6 +38,9 @@ KINDS: dict[str, str] = {
     "logger": "register_loggers",
 }
 """Component kind -> the hook that registers it."""
+
+FIRST_PARTY = "reasonctl"
+"""The distribution whose component names other plugins cannot take over."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +166,33 @@ class Conflict:
         return DuplicateComponentError(self.kind.replace("_", " "), self.name, owners)
 
 
+@dataclass(frozen=True)
+class Shadowed:
+    """A plugin's registration of a name reasonctl itself registers: not used."""
+
+    spec: ComponentSpec
+    builtin: ComponentSpec
+
+    @property
+    def message(self) -> str:
+        """Why the registration is not used and what to do about it."""
+        kind, name = self.spec.kind.replace("_", " "), self.spec.name
+        return (
+            f"{self.spec.label} is not used: {name!r} is a built-in {kind} of reasonctl, and "
+            f"configs naming {name!r} keep getting the built-in. Register it under a name of "
+            f"its own (e.g. '{self.spec.owner.name.replace('-', '_')}_{name}'), or block "
+            f"reasonctl's with REASONCTL_DISABLE_PLUGINS={self.builtin.owner.name} to use "
+            "this one instead"
+        )
+
+
+def _in_use(specs: list[ComponentSpec]) -> list[ComponentSpec]:
+    """The registrations of one name that compete for it: reasonctl's own if it has one,
+    else all of them (one is usable; several are a conflict)."""
+    first_party = [s for s in specs if s.owner.distribution == FIRST_PARTY]
+    return first_party or specs
+
+
 @dataclass
 class Registry:
     """All components known to a plugin host, by kind and name.
@@ -198,9 +231,10 @@ class Registry:
             raise UnknownComponentError(
                 kind.replace("_", " "), name, self.available(kind), self.unavailable_hint
             )
-        if len(specs) > 1:
-            raise Conflict(kind, name, tuple(specs)).error()
-        spec = specs[0]
+        competing = _in_use(specs)
+        if len(competing) > 1:
+            raise Conflict(kind, name, tuple(competing)).error()
+        spec = competing[0]
         if spec.problem:
             raise BrokenComponentError(
                 kind.replace("_", " "), name, spec.owner.label(), spec.problem
@@ -216,19 +250,33 @@ class Registry:
         return sorted(self.available(kind))
 
     def all(self) -> list[ComponentSpec]:
-        """Every usable component (conflicting and broken ones left out)."""
-        return [
-            specs[0] for by_name in self.registrations.values() for specs in by_name.values()
-            if len(specs) == 1 and not specs[0].problem
-        ]
+        """Every usable component (conflicting, shadowed and broken ones left out)."""
+        usable = []
+        for by_name in self.registrations.values():
+            for specs in by_name.values():
+                competing = _in_use(specs)
+                if len(competing) == 1 and not competing[0].problem:
+                    usable.append(competing[0])
+        return usable
 
     def conflicts(self) -> list[Conflict]:
-        """Every name registered by more than one plugin."""
+        """Every name registered by more than one plugin, none of them reasonctl."""
         return [
-            Conflict(kind, name, tuple(specs))
+            Conflict(kind, name, tuple(_in_use(specs)))
             for kind, by_name in self.registrations.items()
-            for name, specs in by_name.items() if len(specs) > 1
+            for name, specs in by_name.items() if len(_in_use(specs)) > 1
         ]
+
+    def shadowed(self) -> list[Shadowed]:
+        """Every registration by another plugin of a name reasonctl registers."""
+        out = []
+        for by_name in self.registrations.values():
+            for specs in by_name.values():
+                competing = _in_use(specs)
+                if len(competing) == 1 and len(specs) > 1:
+                    out += [Shadowed(spec, competing[0]) for spec in specs
+                            if spec is not competing[0]]
+        return out
 
     def broken(self) -> list[ComponentSpec]:
         """Every component whose factory cannot be called as the contract says."""
@@ -280,10 +328,12 @@ class Registrar:
             config_model, problem = None, (
                 f"its config_model {config_model!r} is not a pydantic BaseModel subclass"
             )
+        contract = self._registry.contracts.get(self._kind)
+        if not problem and contract is not None:
+            problem = product_problem(factory, contract)
         self._registry.add(
             ComponentSpec(
                 self._kind, name, factory, self._owner, config_model, description,
-                contract=self._registry.contracts.get(self._kind),
-                takes_ctx=shape.takes_ctx, problem=problem,
+                contract=contract, takes_ctx=shape.takes_ctx, problem=problem,
             )
         )

@@ -137,7 +137,7 @@ class SamplingParams:
 class RolloutGroup:
     """The completions sampled for one prompt, with their rewards and advantages.
 
-    ``prompt`` is the encoded prompt (a :class:`reasonctl.data.processing.EncodedSample`
+    ``prompt`` is the encoded prompt (an :class:`EncodedSample`
     holding the token ids and any vision tensors) when the group was sampled by
     :func:`reasonctl.sample_groups`. ``reward_components`` holds each reward's scores,
     and the parts a reward reports as ``<reward>/<part>`` (``remote/math``), which the
@@ -153,7 +153,42 @@ class RolloutGroup:
     prompt: Any = None
 
 
+@dataclass
+class EncodedSample:
+    """One tokenized sample.
+
+    ``loss_mask[i] == 1`` when token ``i`` is a training target (same length as
+    ``input_ids``). ``extras`` holds vision tensors (``pixel_values``, ``image_grid_thw``,
+    ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``) whose first
+    dimension concatenates across samples, plus the per-token ``mm_token_type_ids``.
+    ``truncated`` tells that the sample was cut to ``max_length``; ``num_prompt_tokens`` is
+    the prompt length for
+    :meth:`reasonctl.ChatProcessor.encode_prompt`.
+    """
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    truncated: bool = False
+    num_prompt_tokens: int = 0
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def as_prompt(self) -> dict[str, Any]:
+        """The prompt dict a :class:`~reasonctl.core.protocols.RolloutEngine` generates from:
+        ``input_ids`` plus the vision tensors."""
+        return {"input_ids": list(self.input_ids), **self.extras}
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """How many tokens are training targets."""
+        return sum(self.loss_mask)
+
+
 Metrics = dict[str, float]
+"""A step's metrics: name -> value (``loss``, ``reward/mean`` ...), the same keys on every
+rank."""
 
 
 @dataclass(frozen=True)

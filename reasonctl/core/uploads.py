@@ -29,7 +29,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -351,3 +351,30 @@ def _stderr(message: str) -> None:
 
 
 __all__ = ["UPLOAD_MARKER", "UploadFailure", "Uploader", "push"]
+
+
+def upload_access_problems(config: RunConfig, registry: Registry, *,
+                           skip: Collection[int] = (),
+                           log: Callable[[str], None] | None = None) -> list[str]:
+    """``checkpoint.upload.N: ...`` for each target its storage refuses (``reasonctl config
+    validate``): the storage's :class:`~reasonctl.core.protocols.ChecksAccess` check, as a
+    run makes it before training, of every target but those in ``skip`` (indices already
+    found malformed). A permanent refusal (credentials, access denied, no such bucket) or a
+    missing optional package is a problem; a temporary one (an endpoint that does not
+    answer) is logged as a warning, since a run would retry it."""
+    from reasonctl.core.errors import MissingDependencyError
+
+    problems = []
+    for index, uri in enumerate(config.checkpoint.upload):
+        if index in skip:
+            continue
+        target = uri.rstrip("/")
+        try:
+            check_storage_access(open_storage(registry, target, config), target)
+        except Exception as exc:
+            if isinstance(exc, MissingDependencyError) or is_permanent(exc):
+                problems.append(f"checkpoint.upload.{index}: {describe_error(exc)}")
+            else:
+                (log or _stderr)(f"warning: checkpoint.upload.{index} {target}: "
+                                 f"{describe_error(exc)}; a run retries its uploads")
+    return problems

@@ -86,10 +86,10 @@ class DataReport:
 def check_data(config: RunConfig, registry: Registry, *, workers: int | None = None,
                on_progress: Callable[[int, int], None] | None = None) -> DataReport:
     """Parse and encode the configured data set (see the module docstring)."""
-    from reasonctl.core.composition import build_dataset, build_processor
     from reasonctl.core.lifecycle import LifecycleHooks
     from reasonctl.core.protocols import RunContext, skipped_row_reports, streams_samples
     from reasonctl.data.rows import split_problem
+    from reasonctl.runtime.composition import build_dataset, build_processor
 
     skip = config.model_copy(update={
         "data": config.data.model_copy(update={"on_bad_row": "skip"})})

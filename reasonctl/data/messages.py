@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from reasonctl.core.types import ContentPart, Message, Sample
+from reasonctl.data.row_problem import RowProblem
 
 ROLE_ALIASES = {
     "system": "system",
@@ -70,18 +71,6 @@ _TAG_PATTERN = re.compile("(" + "|".join(re.escape(t) for t in MEDIA_TAGS) + ")"
 class DuplicateMediaWarning(UserWarning):
     """A row gives the same image or video twice (a top-level field and a conversation
     part); it is used once. Dataset readers count these and report them."""
-
-
-class RowProblem(ValueError):
-    """What is wrong with one row; the reader prefixes it with ``file:line``.
-
-    ``source`` overrides that location when the problem is in another file (for example a
-    meta file next to a video).
-    """
-
-    def __init__(self, message: str, *, source: str | None = None) -> None:
-        super().__init__(message)
-        self.source = source
 
 
 @dataclass(frozen=True)

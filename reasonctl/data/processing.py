@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from reasonctl.core.errors import DataError
-from reasonctl.core.types import ContentPart, Message, Sample
+from reasonctl.core.types import ContentPart, EncodedSample, Message, Sample
 from reasonctl.data.prompting import layout_mcq
 
 if TYPE_CHECKING:
@@ -42,38 +41,6 @@ TOKEN_TYPES_KEY = "mm_token_type_ids"
 Qwen2.5-VL needs it to compute its 3D rotary positions (in training and generation)."""
 PER_TOKEN_EXTRAS = frozenset({TOKEN_TYPES_KEY})
 """Extras with one entry per token: padded/concatenated along the sequence by collate."""
-
-
-@dataclass
-class EncodedSample:
-    """One tokenized sample.
-
-    ``loss_mask[i] == 1`` when token ``i`` is a training target (same length as
-    ``input_ids``). ``extras`` holds vision tensors (``pixel_values``, ``image_grid_thw``,
-    ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``) whose first
-    dimension concatenates across samples, plus the per-token ``mm_token_type_ids``.
-    ``truncated`` tells that the sample was cut to ``max_length``; ``num_prompt_tokens`` is
-    the prompt length for :meth:`encode_prompt`.
-    """
-
-    input_ids: list[int]
-    loss_mask: list[int]
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)
-    truncated: bool = False
-    num_prompt_tokens: int = 0
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
-    def as_prompt(self) -> dict[str, Any]:
-        """The prompt dict a :class:`~reasonctl.core.protocols.RolloutEngine` generates from:
-        ``input_ids`` plus the vision tensors."""
-        return {"input_ids": list(self.input_ids), **self.extras}
-
-    @property
-    def num_loss_tokens(self) -> int:
-        """How many tokens are training targets."""
-        return sum(self.loss_mask)
 
 
 class ChatProcessor:
@@ -138,7 +105,7 @@ class ChatProcessor:
         """
         from transformers import AutoTokenizer
 
-        from reasonctl.models.tiny import resolve_tiny_alias
+        from reasonctl.models.tiny_aliases import resolve_tiny_alias
 
         path = Path(resolve_tiny_alias(str(path)))
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

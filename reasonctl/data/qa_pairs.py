@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reasonctl.data.messages import RowProblem
+from reasonctl.data.row_problem import RowProblem
 
 
 def read_qa_pairs(raw: Any) -> dict[str, Any]:

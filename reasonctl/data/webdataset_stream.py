@@ -3,7 +3,8 @@
 How shards are dealt, interleaved and shuffled, and what a position holds, is described in
 :mod:`reasonctl.data.formats.webdataset`. :class:`WebDatasetStream` satisfies
 :class:`~reasonctl.core.protocols.StreamsSamples`; each :meth:`~WebDatasetStream.iterate`
-runs its own reader threads (one per ``workers``), stopped when the iterator is closed.
+runs its own reader threads (one per ``workers``), stopped when the iterator is closed;
+:func:`build_webdataset` (the format's factory) opens one over the configured shards.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ import random
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reasonctl.core.errors import ConfigError, DataError
 from reasonctl.core.types import Sample
 from reasonctl.data.formats.webdataset import WebDatasetConfig, tar_sample_record
 from reasonctl.data.tar_shards import ShardError, ShardOpener, TarSample, read_samples
+
+if TYPE_CHECKING:
+    from reasonctl.core.protocols import RunContext
 
 log = logging.getLogger("reasonctl.data.webdataset")
 READ_AHEAD = 16
@@ -260,3 +264,48 @@ class _Reader:
             self._put(("error", -1, exc))
         finally:
             opener.close()
+
+
+def build_webdataset(config: WebDatasetConfig | None, *,
+                     ctx: RunContext | None = None) -> WebDatasetStream:
+    """A streamed dataset over the configured shards (see the module docstring)."""
+    from reasonctl.core.storage import open_storage
+    from reasonctl.data.tar_shards import expand_shards
+
+    config = config or WebDatasetConfig()
+    if config.shards is None:
+        raise ConfigError(["data.webdataset.shards: not set; name the tar shards, e.g. "
+                           "'s3://bucket/train/{000000..000099}.tar' (data.format = "
+                           "'webdataset')"])
+
+    def storage_for(uri: str) -> Any:
+        if ctx is None:
+            raise ConfigError([f"data.webdataset.shards: {uri} is remote; remote shards are "
+                               "read inside a run (reasonctl run), which opens the storage"])
+        return open_storage(ctx.registry, uri, ctx.config)
+
+    shards = expand_shards(config.shards, option="data.webdataset.shards",
+                           list_remote=lambda uri: storage_for(uri).list(uri))
+    _check_access(shards, storage_for)
+    data = ctx.config.data if ctx is not None else None
+    return WebDatasetStream(
+        shards, config, storage_for=storage_for,
+        seed=ctx.config.run.seed if ctx is not None else 0,
+        shuffle=data.shuffle if data is not None else False,
+        skip_bad_rows=data is not None and data.on_bad_row == "skip",
+    )
+
+
+def _check_access(shards: list[str], storage_for: Any) -> None:
+    """One access check per remote scheme (credentials, endpoint, bucket), so a problem
+    no single shard causes stops the run once, by name, before ``on_bad_shard`` would
+    skip every shard in turn."""
+    from reasonctl.core.storage import StorageError
+    from reasonctl.core.uris import is_remote
+
+    first = {uri.split("://", 1)[0]: uri for uri in reversed(shards) if is_remote(uri)}
+    for uri in first.values():
+        try:  # a read-only request (a missing shard alone is left to on_bad_shard)
+            storage_for(uri).exists(uri)
+        except StorageError as exc:
+            raise DataError(f"data.webdataset.shards: {exc}") from None

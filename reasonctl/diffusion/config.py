@@ -205,7 +205,7 @@ def _model_class_problems(name_or_path: str) -> list[str]:
         return []
     return [f"model.name_or_path: {path} is a pipeline with a {name} transformer, which no "
             f"model adapter handles (supported: {', '.join(supported)}); use such a "
-            "pipeline, or register an adapter for it (README, World-model RL: Another "
+            "pipeline, or register an adapter for it (docs/world-models.md, Another "
             "architecture)"]
 
 

@@ -80,7 +80,7 @@ def component_class(path: str | Path, name: str) -> Any:
 
 def load_component(path: str | Path, name: str, **kwargs: Any) -> Any:
     """Load component ``name`` of the pipeline at ``path`` with its class's ``from_pretrained``."""
-    from reasonctl.models.loading import quiet_transformers
+    from reasonctl.models.quiet import quiet_transformers
 
     folder = Path(path) / name
     if not folder.is_dir():

@@ -54,7 +54,7 @@ def make_tiny_pipeline_dir(path: str | Path, family: str = "wan", *, seed: int =
     import torch
     from diffusers.utils import logging as diffusers_logging
 
-    from reasonctl.models.loading import quiet_transformers
+    from reasonctl.models.quiet import quiet_transformers
 
     builders = {"wan": _wan, "sd3": _sd3, "cosmos": _cosmos}
     if family not in builders:

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reasonctl.algorithms.rollouts import mix_seed
-from reasonctl.core.composition import build_dataset, build_rollout_engine
 from reasonctl.core.errors import ConfigError, ReasonctlError
 from reasonctl.core.types import Sample
 from reasonctl.evaluation.answers import AnswerScorer, evaluation_sample
 from reasonctl.evaluation.locations import default_results_dir
 from reasonctl.evaluation.scoring import Prediction, sampling_for_eval, score_samples
+from reasonctl.runtime.composition import build_dataset, build_rollout_engine
 
 if TYPE_CHECKING:
     from reasonctl.core.config import RunConfig

@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reasonctl.core.composition import build_eval_samples, build_processor, build_rollout_engine
 from reasonctl.core.lifecycle import LifecycleHooks
 from reasonctl.core.protocols import RunContext
 from reasonctl.core.types import ModelSource
 from reasonctl.evaluation.answers import AnswerScorer, check_answer_format
 from reasonctl.evaluation.scoring import EvalReport, sampling_for_eval, score_samples
+from reasonctl.runtime.composition import build_eval_samples, build_processor, build_rollout_engine
 
 if TYPE_CHECKING:
     from reasonctl.core.config import RunConfig
@@ -30,7 +30,7 @@ def evaluation_context(config: RunConfig, registry: Registry, *, model: str | No
     It has no backend: the model source is ``model`` (tokenizer files beside the weights, as
     in an export), else ``model.name_or_path``; the processor is built from it. The rollout
     engine is then built through the registry like in training
-    (:func:`~reasonctl.core.composition.build_rollout_engine`).
+    (:func:`~reasonctl.runtime.composition.build_rollout_engine`).
     """
     from reasonctl.models.loading import resolve_model_dir, resolve_model_source
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from reasonctl.core.errors import ReasonctlError
 from reasonctl.core.types import ModelSource
+from reasonctl.models.quiet import quiet_transformers
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +53,7 @@ def resolve_model_dir(
     config: RunConfig | None = None,
 ) -> Path:
     """A local directory holding ``name_or_path`` (see the module docstring for the forms)."""
-    from reasonctl.models.tiny import resolve_tiny_alias
+    from reasonctl.models.tiny_aliases import resolve_tiny_alias
 
     resolved = resolve_tiny_alias(name_or_path)
     local = Path(resolved).expanduser()
@@ -91,13 +92,6 @@ def ensure_model_source(ctx: RunContext) -> ModelSource:
     if ctx.model_source is None:
         ctx.model_source = resolve_model_source(ctx.config, ctx.registry)
     return ctx.model_source
-
-
-def quiet_transformers() -> None:
-    """Turn off transformers' per-file progress bars (our own console reports progress)."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
 
 
 def load_hf_config(model_dir: Path, *, trust_remote_code: bool = False) -> Any:

@@ -7,7 +7,7 @@ and a ``preprocessor_config.json`` with the model's patching settings and a smal
 ``video_preprocessor_config.json`` (its video layout, with timestamps, reads it) and one
 deepstack layer. ``model.name_or_path = "tiny-random-vl"`` (Qwen2.5-VL) and
 ``"tiny-random-qwen3-vl"`` build them on first use
-(:func:`reasonctl.models.tiny.resolve_tiny_alias`).
+(:func:`reasonctl.models.tiny_aliases.resolve_tiny_alias`).
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from reasonctl.core.composition import preflight
 from reasonctl.core.config import (
     RunConfig,
     build_config_model,
@@ -20,9 +19,11 @@ from reasonctl.core.config import (
 )
 from reasonctl.core.config import load_config as _load_config
 from reasonctl.core.plugins import PluginHost, hookimpl
+from reasonctl.core.protocols import RunContext
 from reasonctl.core.registry import ComponentSpec
-from reasonctl.core.runner import RunResult
-from reasonctl.core.runner import run as _run
+from reasonctl.runtime.composition import preflight
+from reasonctl.runtime.runner import RunResult
+from reasonctl.runtime.runner import run as _run
 
 RewardLike = Callable[..., Any] | tuple[Callable[..., Any], float]
 ADHOC_DATASET = "sdk"
@@ -57,8 +58,49 @@ def list_components(kind: str, *, plugins: Iterable[Any] = ()) -> list[str]:
 
 
 def get_component(kind: str, name: str, *, plugins: Iterable[Any] = ()) -> ComponentSpec:
-    """The registered component ``name`` of ``kind`` (raises a did-you-mean error if unknown)."""
+    """The registration of component ``name`` of ``kind``: its ``owner``, ``config_model``
+    and ``description`` (raises a did-you-mean error if unknown). :func:`build_component`
+    builds it."""
     return plugin_host(plugins).registry.get(kind, name)
+
+
+CONFIG_SECTIONS: dict[str, str] = {
+    "dataset": "data",
+    "algorithm": "algorithm",
+    "backend": "backend",
+    "rollout_engine": "rollout",
+    "logger": "logging",
+    "storage": "storage",
+}
+"""Component kind -> the config section holding ``[<section>.<name>]`` (rewards have none:
+their options are the extra keys of a ``[[rewards.components]]`` entry)."""
+
+
+def build_component(kind: str, name: str, config: Any = None, *, ctx: RunContext | None = None,
+                    plugins: Iterable[Any] = ()) -> Any:
+    """Build the registered component ``name`` of ``kind`` as a run builds it.
+
+    For a component that builds another (an engine wrapping an engine, a command that
+    uploads through a storage scheme). With ``ctx`` (the :class:`RunContext` your factory
+    received) the name is looked up among the run's plugins, the factory receives that
+    ``ctx`` when it declares one, and ``config`` defaults to the run's own section of the
+    component (``[rollout.<name>]``, ``[storage.<name>]`` ...). Without ``ctx`` the
+    installed plugins plus ``plugins`` are searched and ``config`` defaults to the config
+    model's defaults. ``config`` may be a mapping or an instance of the component's config
+    model. The built object is checked against its kind's Protocol.
+
+    Raises :class:`~reasonctl.core.errors.ComponentUnavailableError` (unknown, claimed by
+    two plugins, or broken) and :class:`~reasonctl.core.errors.ComponentContractError`.
+    """
+    if ctx is not None and plugins:
+        raise TypeError("build_component: pass plugins only without ctx (a run's context "
+                        "already holds its plugins)")
+    registry = ctx.registry if ctx is not None else plugin_host(plugins).registry
+    spec = registry.get(kind, name)
+    section = CONFIG_SECTIONS.get(kind)
+    if config is None and ctx is not None and section is not None:
+        config = ctx.component_config(section, name)
+    return spec.build(config, ctx=ctx)
 
 
 class _AdhocPlugin:
@@ -92,7 +134,7 @@ def run(
     plugin_manager: PluginHost | None = None,
     overrides: Iterable[str] = (),
 ) -> RunResult:
-    """Run training and return a :class:`~reasonctl.core.runner.RunResult`.
+    """Run training and return a :class:`~reasonctl.runtime.runner.RunResult`.
 
     ``config`` is a :class:`RunConfig`, a TOML path or a plain mapping. ``rewards`` are
     Python callables (optionally ``(callable, weight)`` pairs, or a name -> callable
@@ -124,6 +166,12 @@ def resolve_run_config(
     dataset_map: dict[str, Any] = {}
     if datasets is not None:
         dataset_map = dict(datasets) if isinstance(datasets, Mapping) else {ADHOC_DATASET: datasets}
+    registered = host.registry.available("reward")
+    for name in reward_fns:
+        if name in registered:  # it would not be used (a built-in) or clash (a plugin's)
+            raise ValueError(f"the Python reward {name!r} has the name of the registered reward "
+                             f"{name!r} ({registered[name]}); pass it under a name of its own, "
+                             f"e.g. rewards={{'my_{name}': {name}}}")
     if reward_fns or dataset_map:
         host.add_plugin(_AdhocPlugin(reward_fns, dataset_map), name="sdk")
 

@@ -12,8 +12,9 @@ with every other problem, instead of after minutes of model loading:
   and removed there to find out);
 - ``model.name_or_path`` and ``model.tokenizer``, when they name a local directory, exist
   and hold a model (a name that does not exist is a Hub id or storage URI when it can be);
-- ``checkpoint.upload`` URIs use an installed storage scheme and are well-formed
-  (``s3://`` needs a bucket, ``hf://`` an ``owner/repo``);
+- ``checkpoint.upload`` URIs use an installed storage scheme and are well-formed, as the
+  scheme's config model tells (:class:`ChecksUris`: ``s3://`` needs a bucket, ``hf://`` an
+  ``owner/repo``, a plugin's scheme what it says);
 - the requested ``backend.device`` is present (torch is imported only for that check);
 - ``run.resume``, when a path, is a complete checkpoint directory.
 """
@@ -25,7 +26,7 @@ import re
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
@@ -41,8 +42,20 @@ if TYPE_CHECKING:
     from reasonctl.core.registry import Registry
 
 _SCHEME_MISSING_SLASH = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/?[^/]")
-_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-HUB_REPO_TYPES = ("datasets", "spaces", "models")
+
+
+@runtime_checkable
+class ChecksUris(Protocol):
+    """Optional for a storage's config model: what is wrong with a URI of its scheme,
+    known without any network access (default: nothing). Pre-flight (``reasonctl config
+    validate``, and ``reasonctl run`` before it loads anything) asks it about every
+    ``checkpoint.upload`` target of the scheme."""
+
+    def uri_problems(self, uri: str) -> list[str]:
+        """What is wrong with ``uri``, each a phrase that follows the quoted URI in a
+        ``checkpoint.upload.N: '<uri>' <phrase>`` line, e.g. ``"has no bucket; expected
+        s3://BUCKET[/prefix]"``; empty when it is well-formed."""
+        ...
 
 
 def check_preflight(config: RunConfig, registry: Registry, *, reads_data: bool = True) -> None:
@@ -59,14 +72,14 @@ def preflight_problems(config: RunConfig, registry: Registry, *,
     ``reads_data = False`` (an algorithm whose ``Needs`` ask for no dataset) leaves the
     data format's paths unchecked. The algorithm's own checks
     (:class:`~reasonctl.core.protocols.ValidatesRunConfig`) are added by
-    :func:`reasonctl.core.composition.preflight`.
+    :func:`reasonctl.runtime.composition.preflight`.
     """
     problems: list[str] = []
     for prefix, model, fields in _models_in_use(config, registry, reads_data):
         problems += _input_path_problems(prefix, model, fields)
     problems += _guarded("run.output_dir", config.run.output_dir, _output_dir_problems)
     problems += _model_problems(config)
-    problems += _upload_problems(config.checkpoint.upload, registry)
+    problems += _upload_problems(config, registry)
     problems += _device_problems(config.backend.device)
     if isinstance(config.run.resume, str) and config.run.resume:
         problems += _guarded("run.resume", config.run.resume, _resume_problems)
@@ -266,10 +279,10 @@ def _names_a_local_path(name: str) -> bool:
     return "/" in name and Path(name.split("/")[0]).is_dir()
 
 
-def _upload_problems(uris: list[str], registry: Registry) -> list[str]:
+def _upload_problems(config: RunConfig, registry: Registry) -> list[str]:
     problems = []
     schemes = registry.names("storage")
-    for index, uri in enumerate(uris):
+    for index, uri in enumerate(config.checkpoint.upload):
         path = f"checkpoint.upload.{index}"
         scheme, rest = parse_uri(uri)
         if scheme == "file":
@@ -285,31 +298,10 @@ def _upload_problems(uris: list[str], registry: Registry) -> list[str]:
             problems.append(f"{path}: unknown storage scheme {scheme!r} in {uri!r}{hint} "
                             f"(installed: {', '.join(schemes) or 'none'})")
             continue
-        problem = _uri_shape_problem(scheme, rest)
-        if problem:
-            problems.append(f"{path}: {uri!r} {problem}")
+        options = config.component_config("storage", scheme)
+        if isinstance(options, ChecksUris):
+            problems += [f"{path}: {uri!r} {problem}" for problem in options.uri_problems(uri)]
     return problems
-
-
-def _uri_shape_problem(scheme: str, rest: str) -> str | None:
-    """What is wrong with a URI of a first-party scheme (``None`` when well-formed)."""
-    if scheme == "s3":
-        bucket = rest.split("/", 1)[0]
-        if not bucket:
-            return "has no bucket; expected s3://BUCKET[/prefix]"
-        userinfo, at, _ = rest.partition("@")
-        if "@" in bucket or (at and ":" in userinfo):
-            return ("holds credentials; set them in the environment (AWS_ACCESS_KEY_ID, "
-                    "AWS_SECRET_ACCESS_KEY) or an AWS profile, not in the URI")
-        if not _BUCKET.match(bucket):
-            return f"has an invalid bucket name {bucket!r}; expected s3://BUCKET[/prefix]"
-    if scheme == "hf":
-        parts = [p for p in rest.split("/") if p]
-        if parts and parts[0] in HUB_REPO_TYPES:
-            parts = parts[1:]
-        if len(parts) < 2:
-            return "needs a repository; expected hf://owner/repo[/path] (or hf://datasets/...)"
-    return None
 
 
 # --- devices, batches, resume --------------------------------------------------------------

@@ -14,27 +14,18 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from reasonctl.core.config.markers import InputPath
+from reasonctl.core.config.placement import Placement, RolloutWorkersSection
 from reasonctl.core.config.redaction import redact_secrets
+from reasonctl.core.config.section import DEVICE_PATTERN, STRICT, Section
 
 if TYPE_CHECKING:
     from reasonctl.core.registry import Registry
 
 AnswerFormat = Literal["letter", "reasoning", "free", "math"]
 
-STRICT = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True)
-"""No unknown keys, no NaN or infinity, no coercion (``true`` is not a number, ``"5"`` not an
-integer): values come typed from TOML, and ``--set`` / environment values are parsed as TOML
-literals before validation."""
-DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|(cuda|xpu)(:\d+)?)$")
 MAX_SEED = 2**63 - 1
 
 Probability = Annotated[float, Field(ge=0, lt=1)]
-
-
-class Section(BaseModel):
-    """Base of every config section: unknown keys, NaN and infinity are errors."""
-
-    model_config = STRICT
 
 
 class RunSection(Section):
@@ -243,10 +234,6 @@ class BackendSection(Section):
         if not DEVICE_PATTERN.match(device):
             raise ValueError("expected auto, cpu, cuda, cuda:N or mps")
         return device
-
-
-# after Section: the placement module builds on it
-from reasonctl.core.config.placement import Placement, RolloutWorkersSection  # noqa: E402
 
 
 class RolloutSection(Section):

@@ -17,7 +17,8 @@ Rows use the layouts of :mod:`reasonctl.data.messages` (Cosmos-Reason1 SFT rows 
 templates build samples from other columns
 (:mod:`reasonctl.data.formats.row_mapping`). Image columns stored as images (bytes) are
 written once to the reasonctl cache so the sample can refer to a file. Errors name rows as
-``<dataset>[<split>]:<index>``.
+``<dataset>[<split>]:<index>``. The format's factory is
+:func:`reasonctl.data.formats.hf_dataset.build_hf_dataset`.
 """
 
 from __future__ import annotations
@@ -34,10 +35,7 @@ from pydantic import Field, field_validator
 from reasonctl.data.formats.row_mapping import RowMappingOptions
 
 if TYPE_CHECKING:
-    from reasonctl.core.protocols import RunContext
     from reasonctl.core.types import Sample
-    from reasonctl.data.datasets import ListDataset
-    from reasonctl.data.formats.hf_stream import HfStream
 
 MEDIA_FIELDS = ("image", "images", "video", "videos")
 BUILDERS = {
@@ -86,41 +84,6 @@ class HfConfig(RowMappingOptions):
                 "'train[:100]', 'test[10:20]' or 'train[:5%]'"
             )
         return split
-
-
-def build_hf_dataset(config: HfConfig | None, *, ctx: RunContext | None = None
-                     ) -> ListDataset | HfStream:
-    """Rows of a Hugging Face dataset mapped to samples through ``columns`` (streamed with
-    ``streaming = true``: :mod:`reasonctl.data.formats.hf_stream`)."""
-    from reasonctl.core.errors import DataError, require
-    from reasonctl.data.rows import Row, RowOptions, build_samples
-
-    datasets = require("datasets", extra="datasets", what="the 'hf' dataset format")
-    config = config or HfConfig()
-    if config.name is None and config.data_files is None:
-        raise DataError(
-            "data.hf: set 'name' (a Hub dataset or local directory) or 'data_files'"
-        )
-    if config.streaming:
-        from reasonctl.data.formats.hf_stream import HfStream
-
-        return HfStream(config, ctx)
-    table, label, base_dir, start = _load_split(datasets, config)
-    missing = sorted({c for c in config.columns.values() if c not in table.column_names})
-    if missing:
-        raise DataError(
-            f"data.hf.columns: column(s) {', '.join(missing)} not in {label}; available: "
-            f"{', '.join(table.column_names)}"
-        )
-    table = _undecoded_media(datasets, table, config)
-    media = config.resolver(base_dir, "hf")
-    options = RowOptions.from_context(ctx)
-
-    def rows() -> Any:
-        for index in range(len(table)):
-            yield Row(f"{label}:{start + index}", table[index])
-
-    return build_samples(rows(), lambda row: row_sample(row.value, config, media), options)
 
 
 def row_sample(row: dict[str, Any], config: HfConfig, media: Any) -> Sample:

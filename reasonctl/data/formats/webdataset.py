@@ -27,22 +27,19 @@ text, when the row gives none), images and videos (written once to the reasonctl
 placed in the first user turn) and embeddings (``npy``; cached, their path in
 ``sample.meta["embedding"]``, never loaded). A sample that cannot be mapped follows
 ``data.on_bad_row``; a shard that cannot be read follows ``on_bad_shard`` (stop with an
-error naming it, or warn and continue with the next shard).
+error naming it, or warn and continue with the next shard). The format's factory is
+:func:`reasonctl.data.webdataset_stream.build_webdataset`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from reasonctl.data.formats.media_options import MediaOptions
-
-if TYPE_CHECKING:
-    from reasonctl.core.protocols import RunContext
-    from reasonctl.data.webdataset_stream import WebDatasetStream
 
 log = logging.getLogger("reasonctl.data.webdataset")
 
@@ -82,54 +79,6 @@ class WebDatasetConfig(MediaOptions):
     embedding_ext: str = Field(default="npy", description="Embedding members (path in meta).")
     prompt: str = Field(default="Describe what you see.",
                         description="User text of a captioned sample without a prompt.")
-
-
-def build_webdataset(config: WebDatasetConfig | None, *,
-                     ctx: RunContext | None = None) -> WebDatasetStream:
-    """A streamed dataset over the configured shards (see the module docstring)."""
-    from reasonctl.core.errors import ConfigError
-    from reasonctl.core.storage import open_storage
-    from reasonctl.data.tar_shards import expand_shards
-    from reasonctl.data.webdataset_stream import WebDatasetStream
-
-    config = config or WebDatasetConfig()
-    if config.shards is None:
-        raise ConfigError(["data.webdataset.shards: not set; name the tar shards, e.g. "
-                           "'s3://bucket/train/{000000..000099}.tar' (data.format = "
-                           "'webdataset')"])
-
-    def storage_for(uri: str) -> Any:
-        if ctx is None:
-            raise ConfigError([f"data.webdataset.shards: {uri} is remote; remote shards are "
-                               "read inside a run (reasonctl run), which opens the storage"])
-        return open_storage(ctx.registry, uri, ctx.config)
-
-    shards = expand_shards(config.shards, option="data.webdataset.shards",
-                           list_remote=lambda uri: storage_for(uri).list(uri))
-    _check_access(shards, storage_for)
-    data = ctx.config.data if ctx is not None else None
-    return WebDatasetStream(
-        shards, config, storage_for=storage_for,
-        seed=ctx.config.run.seed if ctx is not None else 0,
-        shuffle=data.shuffle if data is not None else False,
-        skip_bad_rows=data is not None and data.on_bad_row == "skip",
-    )
-
-
-def _check_access(shards: list[str], storage_for: Any) -> None:
-    """One access check per remote scheme (credentials, endpoint, bucket), so a problem
-    no single shard causes stops the run once, by name, before ``on_bad_shard`` would
-    skip every shard in turn."""
-    from reasonctl.core.errors import DataError
-    from reasonctl.core.storage import StorageError
-    from reasonctl.core.uris import is_remote
-
-    first = {uri.split("://", 1)[0]: uri for uri in reversed(shards) if is_remote(uri)}
-    for uri in first.values():
-        try:  # a read-only request (a missing shard alone is left to on_bad_shard)
-            storage_for(uri).exists(uri)
-        except StorageError as exc:
-            raise DataError(f"data.webdataset.shards: {exc}") from None
 
 
 def exts(option: str) -> list[str]:

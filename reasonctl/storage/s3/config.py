@@ -6,6 +6,7 @@ parses an address. The client that uses them is :mod:`reasonctl.storage.s3.clien
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from reasonctl.core.storage import StorageError, parse_uri
 
 MIB = 1024 * 1024
+_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 class S3StorageConfig(BaseModel):
@@ -67,6 +69,20 @@ class S3StorageConfig(BaseModel):
                 "AWS_SECRET_ACCESS_KEY (or an AWS profile) instead"
             )
         return value
+
+    def uri_problems(self, uri: str) -> list[str]:
+        """What is wrong with ``s3://`` address ``uri`` (pre-flight of ``checkpoint.upload``)."""
+        _, rest = parse_uri(uri)
+        bucket = rest.split("/", 1)[0]
+        if not bucket:
+            return ["has no bucket; expected s3://BUCKET[/prefix]"]
+        userinfo, at, _ = rest.partition("@")
+        if "@" in bucket or (at and ":" in userinfo):
+            return ["holds credentials; set them in the environment (AWS_ACCESS_KEY_ID, "
+                    "AWS_SECRET_ACCESS_KEY) or an AWS profile, not in the URI"]
+        if not _BUCKET.match(bucket):
+            return [f"has an invalid bucket name {bucket!r}; expected s3://BUCKET[/prefix]"]
+        return []
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:

@@ -3,7 +3,7 @@
 The runner is the only composer. In one pass, top to bottom, it builds the backend and the
 algorithm, sets the backend up (process group, model, optimizer), asks the algorithm what
 it needs (:class:`~reasonctl.core.protocols.Needs`) and builds those parts into the
-:class:`~reasonctl.core.protocols.RunContext` (:mod:`reasonctl.core.composition`: the
+:class:`~reasonctl.core.protocols.RunContext` (:mod:`reasonctl.runtime.composition`: the
 processor, dataset, reward set, reference model, rollout engine and evaluator), then calls
 ``algorithm.setup``, restores the newest checkpoint when resuming, runs ``algorithm.step``
 until ``ctx.total_steps`` (evaluating every ``eval.every_steps``), sends metrics to loggers,
@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from reasonctl.core.checkpoint import CheckpointInfo, CheckpointManager, load_rng_state
-from reasonctl.core.composition import build_algorithm, build_backend, build_component, compose
 from reasonctl.core.config import RunConfig, redact_text
 from reasonctl.core.errors import NonFiniteError, ReasonctlError, RunAbandonedError
 from reasonctl.core.output_lock import output_lock
@@ -49,6 +48,7 @@ from reasonctl.core.resume import (
 )
 from reasonctl.core.signals import SignalAbandon, StopRequest, stop_signals
 from reasonctl.core.types import Metrics
+from reasonctl.runtime.composition import build_algorithm, build_backend, build_component, compose
 
 
 @dataclass
@@ -111,6 +111,8 @@ def _run(config: RunConfig, host: PluginHost, progress: bool, stop: StopRequest)
 
     for record in host.errors:
         ctx.info(f"warning: {record.error} (skipped; see `reasonctl plugins`)")
+    for line in host.shadow_warnings():
+        ctx.info(line)
     backend = ctx.backend = build_backend(ctx)
     algorithm = build_algorithm(ctx)
     needs = algorithm_needs(algorithm, config.component_config("algorithm", config.algorithm.name))

@@ -1,6 +1,6 @@
 """Building the parts of a run from the config, through the registry.
 
-The runner (:mod:`reasonctl.core.runner`) is the only composer of a training run, and
+The runner (:mod:`reasonctl.runtime.runner`) is the only composer of a training run, and
 ``reasonctl eval`` composes an evaluation the same way; both use these functions so a part
 is built one way everywhere: the backend, the model source, the chat processor, the
 dataset (seen through :class:`~reasonctl.data.datasets.DatasetView`, which applies the
@@ -11,10 +11,11 @@ Heavy packages are imported inside the functions that need them.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reasonctl.core.config.placement import placement_problems
+from reasonctl.core.config.placement_checks import placement_problems
 from reasonctl.core.errors import ConfigError, ReasonctlError
 from reasonctl.core.protocols import (
     DeclaresNeeds,
@@ -57,7 +58,7 @@ def build_component(ctx: RunContext, kind: str, section: str, name: str,
 
 
 def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1,
-              processes: int | None = None) -> None:
+              processes: int | None = None, check_access: bool = False) -> None:
     """Check what can be known before loading anything; raise one :class:`ConfigError`.
 
     The outside world (input paths, output directory, upload URIs, device, resume path:
@@ -69,7 +70,10 @@ def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1,
     (:func:`reward_problems`, e.g. the ``remote`` reward's token). With
     ``processes`` (the launcher's process count) the backend's config model checks its
     layout (:class:`~reasonctl.core.protocols.ValidatesProcessLayout`) and says how many of
-    them are data-parallel ranks.
+    them are data-parallel ranks. With ``check_access`` (``reasonctl config validate``;
+    a run checks when it starts its uploads) every well-formed ``checkpoint.upload``
+    target is also asked whether its storage accepts the credentials
+    (:func:`~reasonctl.core.uploads.upload_access_problems`).
     """
     from reasonctl.core.config import preflight_problems
 
@@ -92,6 +96,12 @@ def preflight(config: RunConfig, registry: Registry, *, world_size: int = 1,
         problems += backend_options.config_problems(config, world_size=world_size)
     problems += reward_problems(config, registry, world_size=world_size)
     problems += placement_problems(config, options)
+    if check_access and config.checkpoint.upload:
+        from reasonctl.core.uploads import upload_access_problems
+
+        named = {int(m.group(1)) for p in problems
+                 if (m := re.match(r"checkpoint\.upload\.(\d+):", p))}
+        problems += upload_access_problems(config, registry, skip=named)
     if problems:
         raise ConfigError(problems)
 
