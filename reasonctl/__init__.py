@@ -70,6 +70,7 @@ from reasonctl.core.protocols import (
     RolloutEngine,
     RunContext,
     RunsForward,
+    RunsSharedPrompts,
     ScoresMedia,
     SharesPolicyWeights,
     Storage,
@@ -83,6 +84,7 @@ from reasonctl.core.protocols import (
     ValidatesRunConfig,
     check_storage_access,
     reward_media_type,
+    shared_prompt_problem,
     streams_samples,
 )
 from reasonctl.core.registry import Registrar
@@ -123,6 +125,7 @@ if TYPE_CHECKING:
         chunked,
         collate_policy_rows,
         policy_rows,
+        shared_prompt_micro_batches,
         store_completion_logprobs,
     )
     from reasonctl.algorithms.rollouts import (
@@ -155,6 +158,7 @@ _LAZY: dict[str, str] = {
     "chunked": "reasonctl.algorithms.policy_batch",
     "collate_policy_rows": "reasonctl.algorithms.policy_batch",
     "policy_rows": "reasonctl.algorithms.policy_batch",
+    "shared_prompt_micro_batches": "reasonctl.algorithms.policy_batch",
     "store_completion_logprobs": "reasonctl.algorithms.policy_batch",
     "has_variance": "reasonctl.algorithms.rollouts",
     "mix_seed": "reasonctl.algorithms.rollouts",
@@ -265,6 +269,7 @@ __all__ = [
     "RunContext",
     "RunResult",
     "RunsForward",
+    "RunsSharedPrompts",
     "Sample",
     "ScoreReport",
     "SamplingParams",
@@ -314,6 +319,8 @@ __all__ = [
     "score_groups",
     "score_samples",
     "shard",
+    "shared_prompt_micro_batches",
+    "shared_prompt_problem",
     "step_seed",
     "store_completion_logprobs",
     "streams_samples",

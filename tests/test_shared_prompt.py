@@ -35,7 +35,7 @@ from reasonctl.models.varlen_attention import varlen_attention_reference
 def _load(alias: str) -> tuple[Any, ChatProcessor]:
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from reasonctl.models.tiny import resolve_tiny_alias
+    from reasonctl.models.tiny_aliases import resolve_tiny_alias
 
     directory = Path(resolve_tiny_alias(alias))
     auto = AutoModelForCausalLM if alias == "tiny-random" else AutoModelForImageTextToText
