@@ -215,7 +215,8 @@ def _commitments(text: str, valid: str, options: Mapping[str, str]) -> list[list
                                                                   match.start()]):
             found.append((match.start(), [match.group(1)]))
     for box in find_boxes(text):
-        content = re.sub(r"^\\(?:text|textbf|mathrm)\{(.*)\}$", r"\1", box.content).strip()
+        content = re.sub(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}", r" \1 ",
+                         box.content).strip()
         letters = _whole_chain(content, valid)
         if letters:
             found.append((box.start, letters))
