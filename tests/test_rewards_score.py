@@ -105,3 +105,54 @@ def test_sdk_scores_a_file_or_objects_with_python_rewards(tmp_path: Path) -> Non
     assert direct.scores.components["math"] == [1.0, 0.0]
     with pytest.raises(ValueError, match="either data"):
         reasonctl.score(config)
+
+
+def test_cli_explains_what_each_reward_read_and_counts_rows_per_reason(tmp_path: Path) -> None:
+    rows = [*ROWS,
+            {"prompt": "What is 6*7?", "reference": "42", "completion": r"\boxed{41} \boxed{42}"},
+            {"prompt": "What is 6*7?", "reference": "42", "completion": "so 42 it is"}]
+    data = _write(tmp_path, rows)
+    config = tmp_path / "rewards.toml"
+    config.write_text(CONFIG)
+    out = tmp_path / "scores.jsonl"
+    result = CliRunner().invoke(_app(), ["rewards", "score", "--config", str(config),
+                                         "--data", str(data), "--output", str(out),
+                                         "--explain"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    math = [row["explanations"]["math"] for row in written]
+    assert math[0] == {"extracted": "42", "reason": "correct"}
+    assert math[2] == {"extracted": "41", "reason": "wrong"}
+    assert math[4] == {"extracted": "41 | 42", "reason": "several_answers"}
+    assert math[5] == {"extracted": None, "reason": "no_answer"}
+    choice = [row["explanations"]["choice"] for row in written]
+    assert choice[1] == {"extracted": "B", "reason": "correct"}
+    assert choice[3] == {"extracted": "A or B", "reason": "hedge"}
+    assert {row["explanations"]["format"]["reason"] for row in written} == {
+        "well_formed", "malformed"}
+    assert "rows per reason" in result.output
+    for reason in ("several_answers", "no_answer", "hedge", "well_formed"):
+        assert reason in result.output
+    # the explained scores are the scores
+    plain = reasonctl.score(reasonctl.load_config(config), data)
+    assert [row["scores"] for row in written] == [r["scores"] for r in plain.rows()]
+    assert plain.reason_counts() == {}
+    counts = reasonctl.score(reasonctl.load_config(config), data, explain=True).reason_counts()
+    assert counts["math"] == {"correct": 2, "no_answer": 2, "several_answers": 1, "wrong": 1}
+
+
+def test_reward_set_explains_rewards_that_cannot_and_failures() -> None:
+    from reasonctl.core.reward_set import RewardSet, RewardTerm
+
+    def flaky(completions: list[str], samples: list[Any]) -> list[float | None]:
+        if any("boom" in c for c in completions):
+            raise ValueError("boom")
+        return [None if c == "skip" else 1.0 for c in completions]
+
+    rewards = RewardSet([RewardTerm("flaky", flaky)], on_error="zero")
+    samples = [reasonctl.Sample([]) for _ in range(3)]
+    scores = rewards.score(["ok", "skip", "boom"], samples, explain=True)
+    assert scores.components["flaky"] == [1.0, None, 0.0]
+    assert [e.reason for e in scores.explanations["flaky"]] == [
+        "scored", "not_applicable", "error"]
+    assert rewards.score(["ok"], samples[:1]).explanations == {}
