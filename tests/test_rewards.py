@@ -119,7 +119,8 @@ print(json.dumps({"before": before, "seen": seen, "heavy": heavy}))
     assert report["before"] == []
     assert report["seen"] == {
         name: [f"reasonctl.rewards.{name}"] * 2
-        for name in ("format", "choice", "math", "exact_match", "length", "remote")
+        for name in ("format", "choice", "math", "exact_match", "length", "remote",
+                     "reward_model", "judge")
     }
     assert report["heavy"] == []
 
