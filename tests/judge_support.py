@@ -7,6 +7,11 @@ test knows what the judge must say: correct, incorrect, or nothing parseable."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reasonctl.core.types import ContentPart, Message, Sample
 
 RUBRIC = "Q: {prompt}\nRef: {reference}\nA: {completion}\nJudge: "
 QUESTION = "What is 2+2?"
@@ -71,3 +76,29 @@ def make_trained_judge_dir(path: Path, *, max_steps: int = 600) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+_BUILT: dict[str, Path] = {}
+
+
+def trained_judge_dir(factory: pytest.TempPathFactory) -> Path:
+    """The trained tiny judge, saved once per test session."""
+    if "judge" not in _BUILT:
+        _BUILT["judge"] = make_trained_judge_dir(factory.mktemp("judge") / "model")
+    return _BUILT["judge"]
+
+
+def tiny_reward_model_dir(factory: pytest.TempPathFactory) -> Path:
+    """A tiny random reward model (one output logit), saved once per test session."""
+    from reasonctl.models.tiny import make_tiny_reward_model_dir
+
+    if "reward_model" not in _BUILT:
+        _BUILT["reward_model"] = make_tiny_reward_model_dir(factory.mktemp("rm") / "model",
+                                                            seed=3)
+    return _BUILT["reward_model"]
+
+
+def question(text: str = QUESTION, reference: Any = REFERENCE) -> Sample:
+    """A sample asking ``text`` with ``reference`` as its answer."""
+    return Sample([Message("user", [ContentPart("text", text=text)])], reference=reference,
+                  source=f"q:{text}")

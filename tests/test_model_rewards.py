@@ -16,33 +16,26 @@ from pydantic import ValidationError
 import reasonctl
 from reasonctl.core.errors import ConfigError
 from reasonctl.core.reward_set import RewardSet, RewardTerm
-from reasonctl.core.types import ContentPart, Message, Sample
+from reasonctl.core.types import Sample
 from reasonctl.rewards.judge import JudgeConfig, JudgeReward, read_reply
 from reasonctl.rewards.reward_model import RewardModelConfig, RewardModelReward
 from tests.judge_support import (
     JUDGE_OPTIONS,
-    QUESTION,
-    REFERENCE,
     SCORES,
-    make_trained_judge_dir,
+    question,
+    tiny_reward_model_dir,
+    trained_judge_dir,
 )
 
 
 @pytest.fixture(scope="session")
 def judge_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_trained_judge_dir(tmp_path_factory.mktemp("judge") / "model")
+    return trained_judge_dir(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def reward_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from reasonctl.models.tiny import make_tiny_reward_model_dir
-
-    return make_tiny_reward_model_dir(tmp_path_factory.mktemp("rm") / "model", seed=3)
-
-
-def question(text: str = QUESTION, reference: Any = REFERENCE) -> Sample:
-    return Sample([Message("user", [ContentPart("text", text=text)])], reference=reference,
-                  source=f"q:{text}")
+    return tiny_reward_model_dir(tmp_path_factory)
 
 
 # --- reward_model ----------------------------------------------------------------------------
