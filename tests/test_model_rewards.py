@@ -205,3 +205,37 @@ def test_a_judge_whose_tokenizer_has_no_chat_template_says_to_set_chat_false(
     options = {**JUDGE_OPTIONS, "chat": True, "tokenizer": str(tmp_path / "plain")}
     with pytest.raises(ConfigError, match="set chat = false"):
         JudgeReward(JudgeConfig(model=str(judge_dir), **options))
+
+
+def test_rewards_agree_checks_a_judge_against_human_labels(judge_dir: Path,
+                                                          tmp_path: Path) -> None:
+    import json
+
+    import tomli_w
+    from typer.testing import CliRunner
+
+    from reasonctl.cli.app import build_app
+    from reasonctl.core.plugins import PluginHost
+
+    rows = [("4", 1), ("The answer is 4.", 1), ("x = 4", 0), ("5", 0), ("4 or 5", 0),
+            ("banana", 0)]  # a person marks "x = 4" wrong: the judge disagrees there
+    data = tmp_path / "completions.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "What is 2+2?", "reference": "4",
+                                        "completion": text}) + "\n" for text, _ in rows))
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text("".join(json.dumps({"label": label, "class": "judged"}) + "\n"
+                              for _, label in rows))
+    config = tmp_path / "judge.toml"
+    config.write_text(tomli_w.dumps({"rewards": {"components": [
+        {"name": "judge", "model": str(judge_dir), **JUDGE_OPTIONS}]}}))
+    out = tmp_path / "agreement.json"
+    result = CliRunner().invoke(build_app(PluginHost.load()), [
+        "rewards", "agree", "--config", str(config), "--data", str(data), "--labels",
+        str(labels), "--output", str(out)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    (judge,) = json.loads(out.read_text())["rewards"]
+    assert judge["confusion"] == {"1": {"1": 2, "0": 0, "none": 0},
+                                  "0": {"1": 1, "0": 2, "none": 1}}
+    assert judge["agree"] == 4 and judge["by_class"]["judged"]["rows"] == 6
+    assert [(d["row"], d["reason"]) for d in judge["disagreements"]] == [
+        (3, "judged"), (6, "unparseable")]
