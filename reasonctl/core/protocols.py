@@ -877,6 +877,7 @@ __all__ = [
     "Dataset",
     "DeclaresNeeds",
     "Evaluator",
+    "ExplainsScores",
     "ForwardFn",
     "Logger",
     "LossFn",

@@ -10,6 +10,7 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from reasonctl.core import reward_set
 from reasonctl.core.types import Explanation, Sample
 
 TAG_NAME = re.compile(r"^[A-Za-z_][\w.\-]*$")
@@ -50,8 +51,8 @@ class Reason:
     CANDIDATE_LIST = "candidate_list"
     CHAINED_EQUATION = "chained_equation"
     UNDECIDED = "undecided"
-    SCORED = "scored"
-    NOT_APPLICABLE = "not_applicable"
+    SCORED = reward_set.SCORED
+    NOT_APPLICABLE = reward_set.NOT_APPLICABLE
 
 
 @dataclass(frozen=True)
@@ -76,11 +77,6 @@ class Judgement:
 def verdict(answer: str | None, right: bool) -> Judgement:
     """``answer`` scored 1 (``correct``) when ``right``, else 0 (``wrong``)."""
     return Judgement(answer, 1.0 if right else 0.0, Reason.CORRECT if right else Reason.WRONG)
-
-
-def generic_judgement(score: float | None) -> Judgement:
-    """The judgement of a reward that only gives a score."""
-    return Judgement(None, score, Reason.SCORED if score is not None else Reason.NOT_APPLICABLE)
 
 
 ConfigT = TypeVar("ConfigT", bound=RewardConfig)

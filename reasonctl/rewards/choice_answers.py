@@ -107,11 +107,6 @@ class ChoiceReading:
     reason: str | None = None
     named: str | None = None
 
-    @property
-    def hedged(self) -> bool:
-        """Whether the response named several letters as its answer."""
-        return self.reason in (Reason.HEDGE, Reason.SEVERAL_ANSWERS)
-
 
 def read_choice(text: str, valid: str, options: Mapping[str, str] | None = None
                 ) -> ChoiceReading:
