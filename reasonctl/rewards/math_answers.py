@@ -442,6 +442,9 @@ def _resolve_chain(pred: str, rules: MathRules, judge: SymbolicJudge) -> str | N
     """``pred`` with a chain of equal values reduced to its last value (``x = 2+3 = 5``
     -> ``x = 5``); ``None`` when the sides are different values (``x = 1 = 2``,
     ``1 = 2``)."""
+    parts = _top_level_split(pred, ",;")
+    if len(parts) > 1:  # a system: "x = 1, y = 2"
+        return pred if all(_resolve_chain(p, rules, judge) is not None for p in parts) else None
     sides = _equation_sides(pred)
     if len(sides) < 2 or any(not side for side in sides):
         return pred
