@@ -19,7 +19,7 @@ def _sample(reference: Any = None, **meta: Any) -> Sample:
 
 
 @pytest.mark.parametrize(
-    ("response", "fmt", "parsed", "correct"),
+    ("response", "fmt", "extracted", "correct"),
     [
         ("B", "letter", "B", True),
         ("The answer is (C).", "letter", "C", False),
@@ -30,10 +30,10 @@ def _sample(reference: Any = None, **meta: Any) -> Sample:
         ("", "free", None, False),
     ],
 )
-def test_multiple_choice_parsing(response: str, fmt: str, parsed: str | None,
+def test_multiple_choice_parsing(response: str, fmt: str, extracted: str | None,
                                  correct: bool) -> None:
     sample = _sample("B", choices=["cat", "dog", "cow"])
-    assert parse_and_score(response, sample, fmt) == (parsed, correct)
+    assert parse_and_score(response, sample, fmt) == (extracted, correct)
 
 
 def test_qa_pairs_layout_and_free_answers() -> None:
@@ -41,7 +41,8 @@ def test_qa_pairs_layout_and_free_answers() -> None:
                                   "answer": "A"}])
     assert parse_and_score("<answer>A</answer>", qa, "reasoning") == ("A", True)
     number = _sample("42")
-    assert parse_and_score("so the total is 42 apples", number, "math") == ("42", True)
+    assert parse_and_score("so the answer is 42 apples", number, "math") == ("42 apples", True)
+    assert parse_and_score("so the total is 42 apples", number, "math") == (None, False)
     assert parse_and_score("so the total is 42 apples", number, "free")[1] is False  # exact
     assert parse_and_score("<answer>41</answer>", number, "reasoning") == ("41", False)
     text = _sample("Paris")
@@ -109,9 +110,13 @@ def test_eval_writes_predictions_and_scores_them(lively_model_dir: Path, tmp_pat
     assert "echo" in report.by_source()  # rows without meta source use the file name
     directory = write_report(report, tmp_path / "out")
     rows = [json.loads(line) for line in (directory / "predictions.jsonl").read_text().splitlines()]
-    assert set(rows[0]) >= {"prompt", "response", "parsed", "reference", "correct", "source"}
+    assert set(rows[0]) >= {"prompt", "response", "extracted", "reason", "reference",
+                            "correct", "source"}
+    assert [row["reason"] for row in rows[:2]] == ["correct", "wrong"]
     summary = json.loads((directory / "summary.json").read_text())
     assert summary["accuracy"] == pytest.approx(report.accuracy)
+    assert sum(summary["reasons"].values()) == len(rows)
+    assert summary["reasons"]["correct"] == sum(row["correct"] for row in rows)
     assert summary["by_source"]["greet"]["accuracy"] == pytest.approx(0.5)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,10 @@ def test_benchmarks_write_results_resume_and_agree_with_the_rewards(
     assert int(rows[0]["correct"]) == correct and int(rows[2]["samples"]) == 5
     summary = json.loads((results / "summary.json").read_text())
     assert summary["overall"]["samples"] == 5
+    assert sum(summary["overall"]["reasons"].values()) == 5
+    assert summary["benchmarks"][0]["reasons"] == dict(
+        Counter(r["reason"] for r in robo.values()).most_common())
+    assert all(record["correct"] == (record["reason"] == "correct") for record in robo.values())
     from PIL import Image
 
     with Image.open(results / "accuracy.png") as chart:

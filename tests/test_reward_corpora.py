@@ -75,6 +75,22 @@ def test_math_reward_agrees_with_hand_labels(math_rows: list[dict[str, Any]],
     _agreement("math", scores, math_rows, capsys)
 
 
+def test_math_reward_with_the_last_number_fallback_agrees_with_its_labels(
+        math_rows: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]) -> None:
+    """Rows without an answer tag, box or statement score 0 by default; with
+    ``last_number_fallback`` their last number (or formula) is read, as labelled in
+    ``label_with_fallback``; every other row scores the same either way."""
+    rows = [row for row in math_rows if not row["case"].startswith("pathological")]
+    fallback_rows = [row for row in rows if "label_with_fallback" in row]
+    assert len(fallback_rows) >= 8 and all(row["label"] == 0 for row in fallback_rows)
+    reward = MathReward(MathConfig(timeout_s=TIMEOUT_S, last_number_fallback=True))
+    scores = reward([row["completion"] for row in rows],
+                    [_sample(row, i) for i, row in enumerate(rows)])
+    relabelled = [{**row, "label": row.get("label_with_fallback", row["label"])}
+                  for row in rows]
+    _agreement("math with last_number_fallback", scores, relabelled, capsys)
+
+
 def test_choice_reward_agrees_with_hand_labels(choice_rows: list[dict[str, Any]],
                                                capsys: pytest.CaptureFixture[str]) -> None:
     reward = ChoiceReward(ChoiceConfig())

@@ -119,7 +119,8 @@ print(json.dumps({"before": before, "seen": seen, "heavy": heavy}))
     assert report["before"] == []
     assert report["seen"] == {
         name: [f"reasonctl.rewards.{name}"] * 2
-        for name in ("format", "choice", "math", "exact_match", "length", "remote")
+        for name in ("format", "choice", "math", "exact_match", "length", "remote",
+                     "reward_model", "judge")
     }
     assert report["heavy"] == []
 
@@ -325,8 +326,9 @@ def test_choice_reward_custom_letters_and_whole_text(registry: Registry) -> None
         (r"\boxed{x = 3}", "3", 1.0),
         (r"\boxed{3.0}", "3", 1.0),
         (r"\boxed{\frac{\sqrt{2}}{2}}", r"\dfrac{1}{\sqrt{2}}", 1.0),  # symbolic
-        ("She has 3 apples, then 5 more, so 8 in total.", "8", 1.0),
-        ("Total: $1,200.00.", "#### 1200", 1.0),  # GSM8K-style reference
+        ("She has 3 apples, then 5 more, so 8 in total.", "8", 0.0),  # no answer written
+        ("Total: $1,200.00.", "#### 1200", 0.0),
+        ("So she pays $1,200.00.\n#### 1200", "#### 1200", 1.0),  # GSM8K-style reference
         ("I think 7, no wait, 9", "7", 0.0),
         ("no idea", "7", 0.0),
         (r"<think>maybe 3</think><answer>\boxed{4}</answer>", r"solution ... \boxed{4}", 1.0),
@@ -353,6 +355,9 @@ def test_math_reward_options(registry: Registry) -> None:
     tagged = build(registry, "math", require_tag=True)
     assert score(tagged, r"\boxed{4}", sample("4")) == 0.0
     assert score(tagged, "<answer>4</answer>", sample("4")) == 1.0
+    fallback = build(registry, "math", last_number_fallback=True)
+    assert score(fallback, "so 8 in total.", sample("8")) == 1.0
+    assert score(build(registry, "math"), "so 8 in total.", sample("8")) == 0.0
 
 
 def test_a_pathological_answer_cannot_stall_scoring_even_off_the_main_thread(

@@ -36,8 +36,9 @@ def eval_command(
     """Generate one answer per sample (greedy unless ``eval.temperature`` is set), judge it
     with the reward of its answer format, and print the accuracy table.
 
-    With ``--data``: writes ``predictions.jsonl`` (prompt, response, parsed answer,
-    reference, correct, source) and ``summary.json`` to ``--output``. Without it, evaluates
+    With ``--data``: writes ``predictions.jsonl`` (prompt, response, the extracted answer
+    and the reason of its verdict, reference, correct, source) and ``summary.json``
+    (accuracy, per source, predictions per reason) to ``--output``. Without it, evaluates
     every benchmark of the config (eval.datasets): one JSON per sample under
     ``<results dir>/<benchmark>/`` (already scored samples are skipped when
     ``eval.resume``), then ``summary.json``, ``accuracy.csv`` and ``accuracy.png``.

@@ -38,6 +38,7 @@ from reasonctl.core.registry import Registry
 from reasonctl.core.types import (
     Completion,
     EncodedSample,
+    Explanation,
     Metrics,
     ModelSource,
     PolicyBatch,
@@ -348,6 +349,22 @@ class SubmitsAsync(Protocol):
 
     def collect(self, handle: Any) -> list[float | None]:
         """The scores of a submitted batch, one per completion (``None``: does not apply)."""
+        ...
+
+
+@runtime_checkable
+class ExplainsScores(Protocol):
+    """Optional for rewards: say, per completion, what was read and why it scored what it
+    did (default: only the score; explanations then say ``scored`` or ``not_applicable``).
+
+    :meth:`explain` returns one :class:`~reasonctl.core.types.Explanation` per completion;
+    its ``score`` must equal what ``__call__`` returns for that completion.
+    ``reasonctl rewards score --explain`` and evaluation predictions show them.
+    """
+
+    def explain(self, completions: Sequence[Any], samples: Sequence[Sample]
+                ) -> list[Explanation]:
+        """Score each completion and say why."""
         ...
 
 
@@ -892,6 +909,7 @@ __all__ = [
     "Dataset",
     "DeclaresNeeds",
     "Evaluator",
+    "ExplainsScores",
     "ForwardFn",
     "Logger",
     "LossFn",

@@ -6,7 +6,10 @@ into weighted totals, per-reward scores and metrics, applying ``rewards.on_error
 an algorithm may call the two apart so that rewards scoring elsewhere
 (:class:`~reasonctl.core.protocols.SubmitsAsync`, e.g. the ``remote`` reward) work while
 it computes log-probs. Completions are texts, or numpy arrays for media rewards
-(:class:`~reasonctl.core.protocols.ScoresMedia`).
+(:class:`~reasonctl.core.protocols.ScoresMedia`). With ``explain=True`` each reward also
+says, per completion, what it read and why it scored what it did
+(:class:`~reasonctl.core.types.Explanation`; rewards that cannot say give ``scored``,
+``not_applicable`` or ``error``).
 
 This module imports neither torch nor any plugin.
 """
@@ -17,12 +20,12 @@ import logging
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from reasonctl.core.callables import as_reward, is_callable_path, load_callable
 from reasonctl.core.errors import ConfigError, RewardError, RewardLengthError
-from reasonctl.core.types import Metrics, Sample
+from reasonctl.core.types import Explanation, Metrics, Sample
 
 if TYPE_CHECKING:
     from reasonctl.core.config import RunConfig
@@ -36,6 +39,10 @@ RewardFn = Callable[[Sequence[Any], Sequence[Sample]], Sequence[float | None]]
 """A batched reward (the :class:`~reasonctl.core.protocols.Reward` protocol, as a type)."""
 
 COMPLETION_PREVIEW_CHARS = 200
+SCORED = "scored"
+NOT_APPLICABLE = "not_applicable"
+FAILED = "error"
+"""The reasons of a reward that does not explain its scores (or failed)."""
 
 
 # --- scoring with a weighted set ---------------------------------------------------------------
@@ -75,7 +82,7 @@ class RewardScores:
     ``components[name][i]`` the raw score of each reward; ``parts["<reward>/<part>"][i]``
     the parts a reward reported (:class:`ScoresWithParts`); ``metrics`` the ``reward/...``
     means, standard deviations, coverages and error count of both; ``errors`` the failures
-    that were scored 0 under ``on_error = "zero"``.
+    that were scored 0 under ``on_error = "zero"``; ``explanations`` the reasons, when asked.
     """
 
     totals: list[float]
@@ -83,6 +90,9 @@ class RewardScores:
     metrics: Metrics
     errors: list[RewardError] = field(default_factory=list)
     parts: dict[str, list[float | None]] = field(default_factory=dict)
+    explanations: dict[str, list[Explanation]] = field(default_factory=dict)
+    """``explanations[name][i]``: what reward ``name`` read in completion ``i`` and why it
+    scored what it did (only when scored with ``explain=True``)."""
 
 
 @dataclass
@@ -95,8 +105,10 @@ class PendingScores:
     handles: dict[str, Callable[[], Any]] = field(default_factory=dict)
     components: dict[str, list[float | None]] = field(default_factory=dict)
     errors: dict[str, list[RewardError]] = field(default_factory=dict)
-    parts: dict[str, list[float | None]] = field(default_factory=dict)
     collected: bool = False
+    explain: bool = False
+    explanations: dict[str, list[Explanation]] = field(default_factory=dict)
+    parts: dict[str, list[float | None]] = field(default_factory=dict)
 
 
 class RewardSet:
@@ -151,18 +163,22 @@ class RewardSet:
         """Reward names in config order."""
         return [t.name for t in self.terms]
 
-    def score(self, completions: Sequence[Any], samples: Sequence[Sample]) -> RewardScores:
-        """Score ``completions[i]`` as an answer to ``samples[i]`` with every reward."""
-        return self.collect(self.submit(completions, samples))
+    def score(self, completions: Sequence[Any], samples: Sequence[Sample], *,
+              explain: bool = False) -> RewardScores:
+        """Score ``completions[i]`` as an answer to ``samples[i]`` with every reward; with
+        ``explain``, also say per reward and completion what was read and why."""
+        return self.collect(self.submit(completions, samples, explain=explain))
 
-    def submit(self, completions: Sequence[Any], samples: Sequence[Sample]) -> PendingScores:
+    def submit(self, completions: Sequence[Any], samples: Sequence[Sample], *,
+               explain: bool = False) -> PendingScores:
         """Start every asynchronous reward, then compute the local ones.
 
         Returns the handle :meth:`collect` turns into :class:`RewardScores`. A failure of a
         local reward is handled here (``on_error = "raise"`` raises now); a failure of an
-        asynchronous one when it is collected.
+        asynchronous one when it is collected. With ``explain``, rewards that explain their
+        scores (:class:`~reasonctl.core.protocols.ExplainsScores`) are asked to, here.
         """
-        from reasonctl.core.protocols import SubmitsAsync
+        from reasonctl.core.protocols import ExplainsScores, SubmitsAsync
 
         if len(completions) != len(samples):
             raise ValueError(
@@ -170,15 +186,14 @@ class RewardSet:
                 "pass one sample per completion (repeat a prompt's sample for each of its "
                 "completions)"
             )
-        pending = PendingScores(completions, samples)
+        pending = PendingScores(completions, samples, explain=explain)
         for term in self.terms:
-            if isinstance(term.reward, SubmitsAsync):
+            explains = explain and isinstance(term.reward, ExplainsScores)
+            if isinstance(term.reward, SubmitsAsync) and not explains:
                 pending.handles[term.name] = _submitted(term.reward, completions, samples)
         for term in self.terms:
             if term.name not in pending.handles:
-                errors = pending.errors.setdefault(term.name, [])
-                pending.components[term.name] = self._score_term(term, completions, samples,
-                                                                 errors, parts=pending.parts)
+                self._score_into(pending, term)
         return pending
 
     def collect(self, pending: PendingScores) -> RewardScores:
@@ -186,23 +201,37 @@ class RewardSet:
         if pending.collected:
             raise ValueError("these scores were collected already; submit the batch again")
         pending.collected = True
-        completions, samples = pending.completions, pending.samples
+        completions = pending.completions
         for term in self.terms:
             first = pending.handles.get(term.name)
             if first is not None:
-                errors = pending.errors.setdefault(term.name, [])
-                pending.components[term.name] = self._score_term(term, completions, samples,
-                                                                 errors, first=first,
-                                                                 parts=pending.parts)
+                self._score_into(pending, term, first=first)
         components = {t.name: pending.components[t.name] for t in self.terms}
         errors = [e for t in self.terms for e in pending.errors.get(t.name, [])]
         totals = [
             math.fsum(t.weight * (components[t.name][i] or 0.0) for t in self.terms)
             for i in range(len(completions))
         ]
+        explanations = {t.name: pending.explanations[t.name] for t in self.terms
+                        if t.name in pending.explanations}
         parts = dict(pending.parts)
-        return RewardScores(totals, components, _metrics(totals, {**components, **parts}, errors),
-                            errors, parts)
+        return RewardScores(totals, components,
+                            _metrics(totals, {**components, **parts}, errors), errors,
+                            parts=parts, explanations=explanations)
+
+    def _score_into(self, pending: PendingScores, term: RewardTerm, *,
+                    first: Callable[[], Any] | None = None) -> None:
+        """Score ``term`` on the pending batch (explaining when asked) and record it."""
+        errors = pending.errors.setdefault(term.name, [])
+        notes: list[Explanation | None] | None = [] if pending.explain else None
+        pending.components[term.name] = self._score_term(
+            term, pending.completions, pending.samples, errors, first=first, notes=notes,
+            parts=pending.parts)
+        if notes is not None:
+            pending.explanations[term.name] = [
+                note if note is not None else _generic(value)
+                for note, value in zip(notes, pending.components[term.name], strict=True)
+            ]
 
     def _score_term(
         self,
@@ -212,31 +241,50 @@ class RewardSet:
         errors: list[RewardError],
         *,
         first: Callable[[], Any] | None = None,
-        parts: dict[str, list[float | None]],
+        notes: list[Explanation | None] | None = None,
+        parts: dict[str, list[float | None]] | None = None,
     ) -> list[float | None]:
+        """The scores of ``term``; with ``notes``, its explanations are appended there
+        (``None`` where it gives none, an ``error`` explanation where it failed)."""
+        explain = notes is not None
         try:
-            values = first() if first is not None else term.reward(completions, samples)
-            checked = _checked(term.name, values, len(completions))
-            if isinstance(values, ScoresWithParts):
-                for part, scores in values.parts.items():
-                    name = f"{term.name}/{part}"
-                    parts[name] = _checked(name, scores, len(completions))
-            return checked
+            if first is not None:
+                raw = first()
+                values, explained = _checked(term.name, raw, len(completions)), None
+                _record_parts(term.name, raw, len(completions), parts)
+            else:
+                values, explained = _call(term, completions, samples, explain=explain,
+                                          parts=parts)
+            if notes is not None:
+                notes += explained or [None] * len(values)
+            return values
         except Exception as exc:
             batch_error = exc
         if first is not None:  # scored elsewhere: not re-sent one completion at a time
-            return self._batch_failed(term.name, completions, samples, batch_error, errors)
+            values = self._batch_failed(term.name, completions, samples, batch_error, errors)
+            if notes is not None:
+                notes += [Explanation(0.0, None, FAILED)] * len(values)
+            return values
         if isinstance(batch_error, RewardLengthError) and self.on_error == "raise":
             raise batch_error
         if len(completions) == 1:
-            return [self._failed(term.name, samples[0], completions[0], batch_error, errors)]
-        values: list[float | None] = []
+            values = [self._failed(term.name, samples[0], completions[0], batch_error, errors)]
+            if notes is not None:
+                notes.append(Explanation(0.0, None, FAILED))
+            return values
+        values = []
+        one_by_one: list[Explanation | None] = []
         failures_before = len(errors)
         for completion, sample in zip(completions, samples, strict=True):
             try:
-                values += _checked(term.name, term.reward([completion], [sample]), 1)
+                value, explained = _call(term, [completion], [sample], explain=explain)
+                values += value
+                one_by_one += explained or [None]
             except Exception as exc:
                 values.append(self._failed(term.name, sample, completion, exc, errors))
+                one_by_one.append(Explanation(0.0, None, FAILED))
+        if notes is not None:
+            notes += one_by_one
         failed = len(errors) - failures_before
         if failed:
             logger.warning(
@@ -284,6 +332,42 @@ class RewardSet:
         error.__cause__ = exc
         errors.append(error)
         return 0.0
+
+
+def _call(term: RewardTerm, completions: Sequence[Any], samples: Sequence[Sample], *,
+          explain: bool, parts: dict[str, list[float | None]] | None = None
+          ) -> tuple[list[float | None], list[Explanation] | None]:
+    """The checked scores of ``term`` and, when ``explain`` and it can, its explanations;
+    the parts of a :class:`ScoresWithParts` go into ``parts``."""
+    from reasonctl.core.protocols import ExplainsScores
+
+    reward = term.reward
+    if not explain or not isinstance(reward, ExplainsScores):
+        raw = reward(completions, samples)
+        values = _checked(term.name, raw, len(completions))
+        _record_parts(term.name, raw, len(completions), parts)
+        return values, None
+    explained = list(reward.explain(completions, samples))
+    if not all(isinstance(e, Explanation) for e in explained):
+        raise RewardError(f"reward {term.name!r}: explain() must return Explanation objects",
+                          reward=term.name)
+    values = _checked(term.name, [e.score for e in explained], len(completions))
+    return values, [replace(e, score=v) for e, v in zip(explained, values, strict=True)]
+
+
+def _record_parts(name: str, raw: Any, expected: int,
+                  parts: dict[str, list[float | None]] | None) -> None:
+    """Keep the parts of a :class:`ScoresWithParts` as ``<reward>/<part>``."""
+    if parts is None or not isinstance(raw, ScoresWithParts):
+        return
+    for part, scores in raw.parts.items():
+        key = f"{name}/{part}"
+        parts[key] = _checked(key, scores, expected)
+
+
+def _generic(score: float | None) -> Explanation:
+    """The explanation of a reward that only gave ``score``."""
+    return Explanation(score, None, SCORED if score is not None else NOT_APPLICABLE)
 
 
 def _submitted(reward: Any, completions: Sequence[Any],

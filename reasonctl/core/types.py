@@ -110,6 +110,26 @@ class Completion:
     finish_reason: Literal["stop", "length"] = "stop"
 
 
+@dataclass(frozen=True)
+class Explanation:
+    """Why a reward gave one completion its score.
+
+    ``score`` is the reward's score (``None``: it does not apply); ``extracted`` what the
+    reward read from the completion (the answer, the letter, a judge's verdict; ``None``:
+    nothing); ``reason`` a short code saying why the score is what it is (``correct``,
+    ``wrong``, ``no_answer``, ``hedge``, ``unparseable`` ...; ``docs/rewards.md`` lists
+    them), so rows can be counted per reason.
+    """
+
+    score: float | None
+    extracted: str | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The explanation as a JSON-friendly dict."""
+        return {"score": self.score, "extracted": self.extracted, "reason": self.reason}
+
+
 @dataclass
 class SamplingParams:
     """How a rollout engine samples completions.

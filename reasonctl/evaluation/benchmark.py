@@ -5,7 +5,7 @@ The benchmarks are the config's ``[[eval.datasets]]`` entries (name, path, forma
 (``temperature``, ``max_new_tokens``, ``repetition_penalty``, ``seed``, ``batch_size``)
 and ``[rollout]``, through the registered rollout engine built as in training
 (:func:`~reasonctl.evaluation.standalone.evaluation_context`). For each benchmark,
-``<results_dir>/<name>/<index>.json`` holds one sample's prompt, response, parsed answer,
+``<results_dir>/<name>/<index>.json`` holds one sample's prompt, response, extracted answer,
 reference, verdict and the generation settings; it is written (atomically) as soon as its
 batch is generated.
 
@@ -199,10 +199,11 @@ def _rejudged(record: dict[str, Any], sample: Sample, scorer: AnswerScorer) -> P
     judged = evaluation_sample(sample)
     reward, judgement = scorer.judge(record["response"], judged)
     return Prediction(
-        prompt=record.get("prompt", ""), response=record["response"], parsed=judgement.answer,
-        reference=judged.reference, correct=judgement.score == 1.0,
-        source=record.get("source", ""), finish_reason=record.get("finish_reason", "stop"),
-        sample=sample.source, reward=reward,
+        prompt=record.get("prompt", ""), response=record["response"],
+        extracted=judgement.answer, reference=judged.reference,
+        correct=judgement.score == 1.0, source=record.get("source", ""),
+        finish_reason=record.get("finish_reason", "stop"), sample=sample.source, reward=reward,
+        reason=judgement.reason,
     )
 
 

@@ -10,6 +10,7 @@ per-source accuracy.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,7 +30,8 @@ class Prediction:
 
     prompt: str
     response: str
-    parsed: str | None
+    extracted: str | None
+    """What the reward read as the answer (``None``: nothing)."""
     reference: Any
     correct: bool
     source: str
@@ -37,6 +39,9 @@ class Prediction:
     sample: str = ""
     reward: str = ""
     """The reward that judged the answer (``choice``, ``math`` or ``exact_match``)."""
+    reason: str = ""
+    """Why the reward scored the answer as it did (``correct``, ``wrong``, ``no_answer``,
+    ``hedge`` ...; ``docs/rewards.md``)."""
 
 
 @dataclass
@@ -63,8 +68,12 @@ class EvalReport:
             out[p.source] = (correct + int(p.correct), total + 1)
         return out
 
+    def reasons(self) -> dict[str, int]:
+        """How many predictions were judged for each reason, most frequent first."""
+        return reason_counts(self.predictions)
+
     def summary(self) -> dict[str, Any]:
-        """Accuracy overall and per source, as plain data."""
+        """Accuracy overall and per source, and the predictions per reason, as plain data."""
         return {
             "model": self.model,
             "data": self.data,
@@ -75,7 +84,14 @@ class EvalReport:
                 source: {"correct": c, "total": t, "accuracy": c / t if t else 0.0}
                 for source, (c, t) in self.by_source().items()
             },
+            "reasons": self.reasons(),
         }
+
+
+def reason_counts(predictions: Sequence[Prediction]) -> dict[str, int]:
+    """How many of ``predictions`` were judged for each reason, most frequent first."""
+    counts = Counter(p.reason for p in predictions)
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
 def parse_and_score(response: str, sample: Sample, answer_format: str) -> tuple[str | None, bool]:
@@ -133,13 +149,14 @@ def score_samples(
         report.predictions.append(Prediction(
             prompt="\n".join(m.text for m in laid_out.prompt_messages() if m.role != "system"),
             response=completion.text,
-            parsed=judgement.answer,
+            extracted=judgement.answer,
             reference=_shown_reference(laid_out),
             correct=judgement.score == 1.0,
             source=str(sample.meta.get("source") or default_source),
             finish_reason=completion.finish_reason,
             sample=sample.source,
             reward=reward,
+            reason=judgement.reason,
         ))
     return report
 
@@ -181,4 +198,8 @@ def accuracy_table(report: EvalReport) -> Table:
     table.add_section()
     table.add_row("overall", str(total), str(correct), f"{100 * report.accuracy:.1f}%",
                   style="bold")
+    reasons = report.reasons()
+    if reasons:
+        table.caption = "why: " + ", ".join(f"{reason} {count}"
+                                             for reason, count in reasons.items())
     return table

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reasonctl.evaluation.scoring import reason_counts
+
 if TYPE_CHECKING:
     from rich.table import Table
 
@@ -25,14 +27,18 @@ CSV_COLUMNS = ("dataset", "answer_format", "samples", "correct", "accuracy")
 
 
 def summary_rows(report: BenchmarkReport) -> list[dict[str, Any]]:
-    """One row per benchmark, then ``overall``: samples, correct and accuracy."""
+    """One row per benchmark, then ``overall``: samples, correct, accuracy and the
+    predictions per reason (``reasons``)."""
     rows = [{"dataset": b.name, "answer_format": b.answer_format,
-             "samples": len(b.predictions), "correct": b.correct, "accuracy": b.accuracy}
+             "samples": len(b.predictions), "correct": b.correct, "accuracy": b.accuracy,
+             "reasons": reason_counts(b.predictions)}
             for b in report.benchmarks]
     samples = sum(r["samples"] for r in rows)
     correct = sum(r["correct"] for r in rows)
     rows.append({"dataset": "overall", "answer_format": "", "samples": samples,
-                 "correct": correct, "accuracy": correct / samples if samples else 0.0})
+                 "correct": correct, "accuracy": correct / samples if samples else 0.0,
+                 "reasons": reason_counts([p for b in report.benchmarks
+                                           for p in b.predictions])})
     return rows
 
 
@@ -50,7 +56,8 @@ def write_summary(report: BenchmarkReport) -> dict[str, Path]:
         writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
         writer.writeheader()
         for row in rows:
-            writer.writerow({**row, "accuracy": f"{row['accuracy']:.4f}"})
+            writer.writerow({key: row[key] for key in CSV_COLUMNS}
+                            | {"accuracy": f"{row['accuracy']:.4f}"})
     draw_accuracy_chart(rows, paths["chart"], title=f"Accuracy - {report.model}")
     return paths
 

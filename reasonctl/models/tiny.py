@@ -112,3 +112,28 @@ def make_tiny_model_dir(path: str | Path, *, seed: int = 0, **config_overrides: 
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def make_tiny_reward_model_dir(path: str | Path, *, seed: int = 0, num_labels: int = 1) -> Path:
+    """Save a randomly initialised tiny Qwen2 sequence-classification model (a reward
+    model with ``num_labels`` outputs) and its tokenizer to ``path``."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    path = Path(path)
+    tokenizer = build_tiny_tokenizer()
+    config = tiny_qwen2_config(len(tokenizer), num_labels=num_labels)
+    config.pad_token_id = tokenizer.pad_token_id
+    config.eos_token_id = tokenizer.eos_token_id
+    config.bos_token_id = None
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = AutoModelForSequenceClassification.from_config(config)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+

@@ -1,4 +1,5 @@
-"""What ``GET /metrics`` reports: counters, queue depth and latency percentiles.
+"""What ``GET /metrics`` reports: counters, queue depth, latency percentiles and, per
+reward, how many completions were scored for each reason.
 
 Counts are this replica's since it started; latencies (arrival to the last reward's
 scores) and scoring times are over the most recent :data:`WINDOW` values.
@@ -10,6 +11,7 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 WINDOW = 4096
@@ -43,7 +45,7 @@ class ServiceMetrics:
     def _reward(self, name: str) -> dict[str, Any]:
         return self.rewards.setdefault(name, {
             "batches": 0, "completions": 0, "failures": 0, "worker_restarts": 0,
-            "seconds": deque(maxlen=WINDOW),
+            "seconds": deque(maxlen=WINDOW), "reasons": {},
         })
 
     def count(self, key: str) -> None:
@@ -65,13 +67,17 @@ class ServiceMetrics:
             if reward is not None:
                 self._reward(reward)["failures"] += 1
 
-    def batch_scored(self, reward: str, completions: int, seconds: float) -> None:
-        """A reward call scored ``completions`` in ``seconds``."""
+    def batch_scored(self, reward: str, completions: int, seconds: float,
+                     reasons: Sequence[str] = ()) -> None:
+        """A reward call scored ``completions`` in ``seconds``, for ``reasons`` (one per
+        completion: ``unparseable`` judge verdicts, ``no_answer`` ... are counted)."""
         with self._lock:
             stats = self._reward(reward)
             stats["batches"] += 1
             stats["completions"] += completions
             stats["seconds"].append(seconds)
+            for reason in reasons:
+                stats["reasons"][reason] = stats["reasons"].get(reason, 0) + 1
 
     def worker_crashed(self, reward: str) -> None:
         """A worker process of ``reward`` died and was restarted."""
@@ -89,6 +95,7 @@ class ServiceMetrics:
                     else 0.0,
                     "failures": stats["failures"], "worker_restarts": stats["worker_restarts"],
                     "score_seconds": percentiles(list(stats["seconds"])),
+                    "reasons": dict(stats["reasons"]),
                 }
             return {
                 "uptime_s": time.time() - self.started,

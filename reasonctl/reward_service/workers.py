@@ -49,12 +49,17 @@ def failure_reason(name: str, exc: BaseException) -> str:
     return f"reward {name!r} failed: {type(exc).__name__}: {exc}"
 
 
+Scored = tuple[list[float | None], list[str]]
+"""A batch's scores and the reason of each (``scored`` for rewards that give none)."""
+
+
 def build_scoring(name: str, options: dict[str, Any], registry: Any
-                  ) -> tuple[Callable[[list[Any], list[Any]], list[float | None]], str]:
+                  ) -> tuple[Callable[[list[Any], list[Any]], Scored], str]:
     """The scoring function of reward ``name`` (built with ``options``) and its media type.
 
     Scores go through a one-reward :class:`RewardSet`, so a wrong count or a non-finite
-    score is an error naming the reward and the sample, as in a run.
+    score is an error naming the reward and the sample, as in a run; they come with their
+    reasons (an unparseable judge verdict, a hedged answer), which ``/metrics`` counts.
     """
     from reasonctl.core.callables import as_reward, is_callable_path, load_callable
 
@@ -64,11 +69,12 @@ def build_scoring(name: str, options: dict[str, Any], registry: Any
         reward = registry.get("reward", name).build(options or None)
     rewards = RewardSet([RewardTerm(name, reward)], on_error="raise")
 
-    def score(completions: list[Any], samples: list[Any]) -> list[float | None]:
+    def score(completions: list[Any], samples: list[Any]) -> Scored:
         try:
-            return rewards.score(completions, samples).components[name]
+            scores = rewards.score(completions, samples, explain=True)
         except RewardError as exc:  # without the advice about a run's rewards.on_error
             raise RewardError(str(exc).split(RUN_ADVICE)[0], reward=name) from exc
+        return scores.components[name], [e.reason for e in scores.explanations[name]]
 
     return score, reward_media_type(reward)
 
@@ -79,7 +85,7 @@ class ThreadScorer:
     def __init__(self, name: str, options: dict[str, Any], registry: Any) -> None:
         self._score, self.media_type = build_scoring(name, options, registry)
 
-    def score(self, completions: list[Any], samples: list[Any]) -> list[float | None]:
+    def score(self, completions: list[Any], samples: list[Any]) -> Scored:
         """Score a batch (exceptions are the reward's)."""
         return self._score(completions, samples)
 
@@ -122,7 +128,7 @@ class ProcessScorer:
             raise RuntimeError(f"worker {self.label} could not build its reward:\n{value}")
         return str(value)
 
-    def score(self, completions: list[Any], samples: list[Any]) -> list[float | None]:
+    def score(self, completions: list[Any], samples: list[Any]) -> Scored:
         """Send a batch to the child and wait; :class:`WorkerCrashed` if it dies (it is
         started again before this raises)."""
         assert self._conn is not None
@@ -140,7 +146,8 @@ class ProcessScorer:
                                 f"{code}); it was restarted") from None
         if status != "ok":
             raise RewardFailure(value)
-        return value  # type: ignore[no-any-return]
+        scores, reasons = value
+        return scores, reasons
 
     def _restart(self) -> None:
         self.restarts += 1
@@ -228,7 +235,7 @@ class Worker(threading.Thread):
         started = time.perf_counter()
         try:
             with self._renewing([job.request_id for job, _ in batch]):
-                scores = self.scorer.score(completions, samples)
+                scores, reasons = self.scorer.score(completions, samples)
         except WorkerCrashed as exc:
             self.metrics.worker_crashed(self.reward)
             for job, _ in batch:
@@ -242,7 +249,7 @@ class Worker(threading.Thread):
             self._fail(batch[0][0], failure_reason(self.reward, exc), "reward_error")
             return
         duration = time.perf_counter() - started
-        self.metrics.batch_scored(self.reward, len(completions), duration)
+        self.metrics.batch_scored(self.reward, len(completions), duration, reasons)
         offset = 0
         for job, _ in batch:
             result = self.store.finish(job.request_id, self.reward,

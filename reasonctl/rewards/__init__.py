@@ -8,7 +8,10 @@
 - :mod:`~reasonctl.rewards.choice_answers`: the option a multiple-choice response commits
   to; :mod:`~reasonctl.rewards.choice`: a sample's options and correct letter;
 - one module per reward, each holding its config model: ``format``, ``choice``, ``math``,
-  ``exact_match``, ``length``; :mod:`~reasonctl.rewards.base` is what they share;
+  ``exact_match``, ``length``; :mod:`~reasonctl.rewards.base` is what they share (with
+  the reason codes their explanations give);
+- the model rewards ``reward_model`` and ``judge`` (:mod:`~reasonctl.rewards.model_rewards`
+  is what they share, :mod:`~reasonctl.rewards.templates` their prompt templates);
 - :mod:`~reasonctl.rewards.remote`: ``remote``, scores from a reward service
   (:mod:`reasonctl.reward_service`).
 

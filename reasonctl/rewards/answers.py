@@ -3,6 +3,8 @@
 Every function here is a pure function of text, with no configuration object:
 
 - :func:`extract_tagged` — the content of the last ``<tag>...</tag>`` block;
+- :func:`final_blocks` / :func:`after_reasoning` — the answer blocks written outside the
+  ``<think>`` reasoning, and the text after that reasoning;
 - :func:`find_boxes` / :func:`extract_boxed` — ``\\boxed{...}`` and ``\\fbox{...}``
   contents (nested braces);
 - :func:`parse_exact` / :func:`parse_number` — one number written as an integer, a
@@ -42,6 +44,51 @@ def extract_tagged(text: str, tag: str) -> str | None:
     if start < 0:
         return None
     return text[start + len(opening) : end].strip()
+
+
+REASONING_TAG = "think"
+"""The tag around a response's reasoning: what is written inside it is never a final answer."""
+
+
+def _reasoning_spans(text: str) -> list[tuple[int, int]]:
+    opening, closing = f"<{REASONING_TAG}>", f"</{REASONING_TAG}>"
+    spans = []
+    start = text.find(opening)
+    while start >= 0:
+        end = text.find(closing, start)
+        if end < 0:
+            break
+        spans.append((start, end + len(closing)))
+        start = text.find(opening, end)
+    return spans
+
+
+def final_blocks(text: str, tag: str) -> list[str]:
+    """The stripped contents of every complete ``<tag>...</tag>`` block of ``text`` that is
+    not inside a ``<think>...</think>`` block, in order.
+
+    Several blocks with different contents are several final answers (the rewards score
+    them 0); a block mentioned inside the reasoning is part of the reasoning.
+    """
+    opening, closing = f"<{tag}>", f"</{tag}>"
+    reasoning = _reasoning_spans(text)
+    blocks = []
+    for match in re.finditer(re.escape(closing), text):
+        start = text.rfind(opening, 0, match.start())
+        if start < 0 or any(a <= start < b for a, b in reasoning):
+            continue
+        if blocks and start < blocks[-1][1]:  # "<a>x</a>y</a>": one block, closed twice
+            continue
+        blocks.append((start, match.end()))
+    return [text[start + len(opening) : end - len(closing)].strip() for start, end in blocks]
+
+
+def after_reasoning(text: str) -> str:
+    """``text`` after its last ``</think>``, where the final answer is written (the whole
+    text when it has no reasoning block)."""
+    closing = f"</{REASONING_TAG}>"
+    end = text.rfind(closing)
+    return text if end < 0 else text[end + len(closing) :]
 
 
 @dataclass(frozen=True)

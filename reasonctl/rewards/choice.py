@@ -24,8 +24,15 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from reasonctl.core.types import Sample
-from reasonctl.rewards.answers import extract_tagged, normalize_text
-from reasonctl.rewards.base import Judgement, PerSampleReward, RewardConfig, check_tag
+from reasonctl.rewards.answers import after_reasoning, final_blocks, normalize_text
+from reasonctl.rewards.base import (
+    Judgement,
+    PerSampleReward,
+    Reason,
+    RewardConfig,
+    check_tag,
+    verdict,
+)
 from reasonctl.rewards.choice_answers import option_letter, read_choice
 
 
@@ -99,25 +106,48 @@ def choice_question(sample: Sample, letters: str = string.ascii_uppercase) -> Ch
 
 def choice_judgement(text: str, sample: Sample, config: ChoiceConfig) -> Judgement:
     """The letter ``text`` commits to (:mod:`reasonctl.rewards.choice_answers`) and its
-    score: 1.0 for the correct option, 0.0 otherwise (a hedge, no pick, or no answer block
-    under ``require_tag``), ``None`` when the sample has no reference answer."""
+    score: 1.0 for the correct option (``correct``), 0.0 otherwise (``wrong``, or
+    ``hedge``, ``several_answers``, ``no_answer``, ``missing_tag``, ``empty_answer``),
+    ``None`` when the sample has no reference answer (``no_reference``).
+
+    The region read is the last answer block written outside the ``<think>`` reasoning;
+    blocks picking different letters are ``several_answers``. Without a block it is the
+    text after the reasoning."""
     question = choice_question(sample, config.letters)
-    tagged = extract_tagged(text, config.answer_tag) if config.answer_tag else None
-    if tagged is None and config.require_tag:
-        return Judgement(None, None if question is None else 0.0)
-    region = text if tagged is None else tagged
     valid = question.valid_letters(config.letters) if question else config.letters
-    reading = read_choice(region, valid, question.options if question else None)
+    options = question.options if question else None
+    blocks = final_blocks(text, config.answer_tag) if config.answer_tag else []
+    if not blocks and config.require_tag:
+        return _judged(question, Judgement(None, 0.0, Reason.MISSING_TAG))
+    if len(blocks) > 1:
+        readings = [read_choice(block, valid, options) for block in blocks if block]
+        picked = list(dict.fromkeys(r.letter for r in readings if r.letter is not None))
+        if len(picked) > 1:
+            return _judged(question, Judgement(" | ".join(picked), 0.0,
+                                               Reason.SEVERAL_ANSWERS))
+    region = blocks[-1] if blocks else after_reasoning(text)
+    if blocks and not region:
+        return _judged(question, Judgement(None, 0.0, Reason.EMPTY_ANSWER))
+    reading = read_choice(region, valid, options)
     if question is None:
-        return Judgement(reading.letter, None)
+        return Judgement(reading.letter, None, Reason.NO_REFERENCE)
+    if reading.letter is None and reading.reason != Reason.NO_ANSWER:
+        return Judgement(reading.named, 0.0, reading.reason or Reason.NO_ANSWER)
     if question.letter is not None:
-        return Judgement(reading.letter, 1.0 if reading.letter == question.letter else 0.0)
+        if reading.letter is None:
+            return Judgement(None, 0.0, Reason.NO_ANSWER)
+        return verdict(reading.letter, reading.letter == question.letter)
     assert question.text is not None
-    if reading.hedged:
-        return Judgement(None, 0.0)
     chosen = question.options.get(reading.letter, region) if reading.letter else region
     right = normalize_text(chosen) == normalize_text(question.text)
-    return Judgement(reading.letter or region.strip() or None, 1.0 if right else 0.0)
+    return verdict(reading.letter or region.strip() or None, right)
+
+
+def _judged(question: ChoiceQuestion | None, judgement: Judgement) -> Judgement:
+    """``judgement``, or no score (``no_reference``) when the sample has no answer."""
+    if question is None:
+        return Judgement(judgement.answer, None, Reason.NO_REFERENCE)
+    return judgement
 
 
 def _layout(sample: Sample) -> Mapping[str, Any] | None:
@@ -140,6 +170,6 @@ def _options(raw: Any, letters: str) -> dict[str, str]:
 class ChoiceReward(PerSampleReward[ChoiceConfig]):
     """1 when the picked option letter matches the reference, 0 if not; None without one."""
 
-    def score_one(self, completion: str, sample: Sample) -> float | None:
-        """Score one completion against its sample's options and answer."""
-        return choice_judgement(completion, sample, self.config).score
+    def judge_one(self, completion: str, sample: Sample) -> Judgement:
+        """Read and score one completion against its sample's options and answer."""
+        return choice_judgement(completion, sample, self.config)

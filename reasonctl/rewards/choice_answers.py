@@ -26,9 +26,12 @@ rules of :func:`read_choice`, on the text it is given (the caller passes the las
    correct`` is ``(B) is correct``). A statement after "not", "n't", "if" or "whether" is
    no commitment (``the answer is not A``, ``if the answer were A``), nor is a mere
    mention (``Option C is a truck``).
-2. The **first** commitment in the text decides. When it names two or more different
-   letters (``(B) or (C)``, ``The answer is B or C``, ``Answer: B, C``) the response hedges:
-   it picks nothing and scores 0.
+2. Every commitment must name the same one letter. A commitment naming two or more
+   different letters (``(B) or (C)``, ``B. or C.``, ``The answer is B, or possibly C``,
+   ``Answer: B (or C)``, ``either A or B``, ``Answer: B, C``) is a ``hedge``; a list of
+   letters (``A B C D``, ``(A) (B) (C) (D)``, ``A. B. C. D.``) too. Commitments to
+   different letters (``The answer is B.`` ... ``Final answer: C``) are
+   ``several_answers``. Either way the response picks nothing and scores 0.
 3. Letters are case-insensitive; a lower-case ``a`` or ``i`` followed by a word is read as
    the English word (``the answer is a truck``). A letter outside the question's options
    is not a commitment.
@@ -46,11 +49,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from reasonctl.rewards.answers import find_boxes, normalize_text
+from reasonctl.rewards.base import Reason
 
 _DECOR_OPEN = r"(?:\*\*|__|\*|_)?[(\[]?\s*"
 _DECOR_CLOSE = r"\s*[)\]]?(?:\*\*|__|\*|_)?"
 _TOKEN = re.compile(rf"{_DECOR_OPEN}(?<![A-Za-z0-9])([A-Za-z]){_DECOR_CLOSE}(?![A-Za-z0-9])")
-_SEPARATOR = re.compile(r"\s*(?:,|/|&|;|\band/or\b|\bor\b|\band\b)\s*", re.IGNORECASE)
+_SEPARATOR = re.compile(
+    r"(?:\s*[.,;:]?\s*\(?\s*\b(?:and/or|or)\b|\s*(?:,|/|&|;|\band\b))"
+    r"(?:\s+(?:maybe|possibly|perhaps|even|also))?(?:\s+(?:option|choice))?\s*",
+    re.IGNORECASE,
+)
+"""Between two letters of one commitment: ``,``, ``/``, ``and``, ``or`` (also after a
+period or inside parentheses: ``B. or C``, ``B (or C)``, ``B, or possibly C``)."""
+_BARE_LIST = re.compile(
+    r"^\s*(?:\*\*)?[(\[]?([A-Z])[)\]]?\.?(?:\*\*)?"
+    r"(?:\s+(?:\*\*)?[(\[]?[A-Z][)\]]?\.?(?:\*\*)?)+\s*$"
+)
+"""A line of upper-case letters alone: ``A B C D``, ``(A) (B) (C)``, ``A. B. C. D.``."""
 _WORD_AFTER = re.compile(r"\s+(?!(?i:or|and)\b)[A-Za-z]{2,}")
 _STATEMENT = re.compile(
     r"(?i:(?:final\s+|correct\s+|right\s+|best\s+)?(?:answer|option|choice))"
@@ -64,7 +79,7 @@ _CONCLUSION = re.compile(
     r"\s*,?\s*"
 )
 _BODY_PREFIX = re.compile(
-    r"^(?i:(?:(?:most\s+)?likely|probably|clearly|definitely|obviously)\s+)?"
+    r"^(?i:(?:(?:most\s+)?likely|probably|clearly|definitely|obviously|either)\s+)?"
     r"(?i:(?:the\s+)?(?:option|choice|letter)\s+)?"
 )
 _CORRECT_AFTER = re.compile(
@@ -84,11 +99,13 @@ _SENTENCE_END = re.compile(r"\.(?=\s|$)|\n|;")
 
 @dataclass(frozen=True)
 class ChoiceReading:
-    """What a response picked: ``letter`` (``None`` when it picked nothing) and whether it
-    ``hedged`` (named several different letters as its answer)."""
+    """What a response picked: ``letter`` (``None`` when it picked nothing), and when it
+    picked nothing, why (``reason``: ``no_answer``, ``hedge`` or ``several_answers``) and
+    the letters it named (``named``, e.g. ``"B or C"``)."""
 
     letter: str | None
-    hedged: bool = False
+    reason: str | None = None
+    named: str | None = None
 
 
 def read_choice(text: str, valid: str, options: Mapping[str, str] | None = None
@@ -96,18 +113,22 @@ def read_choice(text: str, valid: str, options: Mapping[str, str] | None = None
     """The letter ``text`` commits to among ``valid`` letters (module docstring rules)."""
     options = options or {}
     if not text.strip():
-        return ChoiceReading(None)
+        return ChoiceReading(None, Reason.NO_ANSWER)
     text = _without_option_texts(text, options)
-    for letters in _commitments(text, valid, options):
-        distinct = sorted(set(letters))
-        if len(distinct) > 1:
-            return ChoiceReading(None, hedged=True)
-        return ChoiceReading(distinct[0])
-    for candidate in [text, *_statement_bodies(text)]:
-        letter = option_letter(candidate, options)
-        if letter is not None:
-            return ChoiceReading(letter)
-    return ChoiceReading(None)
+    commitments = _commitments(text, valid, options)
+    for letters in commitments:
+        if len(set(letters)) > 1:
+            return ChoiceReading(None, Reason.HEDGE, " or ".join(dict.fromkeys(letters)))
+    picked = list(dict.fromkeys(letter for letters in commitments for letter in letters))
+    if not picked:
+        candidates = [text, *_statement_bodies(text)]
+        picked = list(dict.fromkeys(letter for candidate in candidates
+                                    if (letter := option_letter(candidate, options))))
+    if len(picked) > 1:
+        return ChoiceReading(None, Reason.SEVERAL_ANSWERS, " | ".join(picked))
+    if picked:
+        return ChoiceReading(picked[0])
+    return ChoiceReading(None, Reason.NO_ANSWER)
 
 
 def option_letter(text: str, options: Mapping[str, str]) -> str | None:
@@ -189,7 +210,8 @@ def _commitments(text: str, valid: str, options: Mapping[str, str]) -> list[list
                                                                   match.start()]):
             found.append((match.start(), [match.group(1)]))
     for box in find_boxes(text):
-        content = re.sub(r"^\\(?:text|textbf|mathrm)\{(.*)\}$", r"\1", box.content).strip()
+        content = re.sub(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}", r" \1 ",
+                         box.content).strip()
         letters = _whole_chain(content, valid)
         if letters:
             found.append((box.start, letters))
@@ -204,6 +226,11 @@ def _commitments(text: str, valid: str, options: Mapping[str, str]) -> list[list
         letters = _whole_chain(sentences[-1], valid)
         if letters:
             found.append((text.rindex(sentences[-1]), letters))
+        for line in reversed(lines[:-1] if letters and len(sentences) == 1 else []):
+            above = _whole_chain(line, valid)  # "A\nB\nC\nD": one letter per line
+            if not above:
+                break
+            found.append((text.rindex(line), above))
     found.sort(key=lambda item: item[0])
     return [letters for _, letters in found]
 
@@ -229,15 +256,29 @@ def _chain(text: str, pos: int = 0) -> tuple[list[str], int]:
 def _whole_chain(text: str, valid: str) -> list[str] | None:
     """The letters when ``text`` is nothing but a chain of letters (``Option B`` too)."""
     stripped = _BODY_PREFIX.sub("", text.strip()).rstrip(".!").strip()
+    listed = _listed_letters(stripped)
+    if listed:
+        return listed
     letters, end = _chain(stripped)
     if not letters or end != len(stripped):
         return None
     return None if len(letters) == 1 and letters[0] not in valid else letters
 
 
+def _listed_letters(text: str) -> list[str] | None:
+    """The letters of a line that is only upper-case letters (``A B C D``)."""
+    line = text.split("\n", 1)[0]
+    if not _BARE_LIST.match(line):
+        return None
+    return re.findall(r"[A-Z]", line)
+
+
 def _leading_chain(body: str, valid: str) -> list[str] | None:
     """The letters of a chain opening ``body`` (the text after an answer statement)."""
     body = _BODY_PREFIX.sub("", body)
+    listed = _listed_letters(body)
+    if listed:
+        return listed
     letters, end = _chain(body)
     if not letters:
         return None

@@ -7,8 +7,15 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from reasonctl.core.types import Sample
-from reasonctl.rewards.answers import extract_tagged, normalize_text
-from reasonctl.rewards.base import Judgement, PerSampleReward, RewardConfig, check_tag
+from reasonctl.rewards.answers import after_reasoning, final_blocks, normalize_text
+from reasonctl.rewards.base import (
+    Judgement,
+    PerSampleReward,
+    Reason,
+    RewardConfig,
+    check_tag,
+    verdict,
+)
 
 
 class ExactMatchConfig(RewardConfig):
@@ -32,30 +39,36 @@ class ExactMatchConfig(RewardConfig):
 
 
 def exact_match_judgement(text: str, reference: Any, config: ExactMatchConfig) -> Judgement:
-    """The answer (the tag's last block, else the whole text) and its score: 1.0 when it
-    equals the reference (or any item of a list of references) after normalisation, else
-    0.0; ``None`` without a reference."""
-    answer = extract_tagged(text, config.answer_tag) if config.answer_tag else None
-    if answer is None and config.require_tag:
-        return Judgement(None, None if reference is None else 0.0)
-    if answer is None:
-        answer = text
-    if reference is None:
-        return Judgement(answer, None)
-    references = reference if isinstance(reference, (list, tuple)) else [reference]
+    """The answer (the last answer block outside the ``<think>`` reasoning, else the text
+    after the reasoning) and its score: 1.0 when it equals the reference (or any item of a
+    list of references) after normalisation, else 0.0; ``None`` without a reference.
+    Answer blocks with different answers score 0 (``several_answers``)."""
     options = {
         "ignore_case": config.ignore_case,
         "ignore_punctuation": config.ignore_punctuation,
         "collapse_whitespace": config.collapse_whitespace,
     }
+    blocks = final_blocks(text, config.answer_tag) if config.answer_tag else []
+    if reference is None:
+        return Judgement((blocks[-1] if blocks else text).strip() or None, None,
+                         Reason.NO_REFERENCE)
+    if not blocks and config.require_tag:
+        return Judgement(None, 0.0, Reason.MISSING_TAG)
+    distinct = list(dict.fromkeys(normalize_text(b, **options) for b in blocks if b.strip()))
+    if len(distinct) > 1:
+        return Judgement(" | ".join(distinct), 0.0, Reason.SEVERAL_ANSWERS)
+    answer = blocks[-1] if blocks else after_reasoning(text)
     key = normalize_text(answer, **options)
-    right = bool(key) and any(normalize_text(str(r), **options) == key for r in references)
-    return Judgement(answer.strip() or None, 1.0 if right else 0.0)
+    if not key:
+        return Judgement(None, 0.0, Reason.EMPTY_ANSWER if blocks else Reason.NO_ANSWER)
+    references = reference if isinstance(reference, (list, tuple)) else [reference]
+    right = any(normalize_text(str(r), **options) == key for r in references)
+    return verdict(answer.strip() or None, right)
 
 
 class ExactMatchReward(PerSampleReward[ExactMatchConfig]):
     """1 when the answer equals the reference after normalisation, else 0."""
 
-    def score_one(self, completion: str, sample: Sample) -> float | None:
-        """Score one completion against ``sample.reference``."""
-        return exact_match_judgement(completion, sample.reference, self.config).score
+    def judge_one(self, completion: str, sample: Sample) -> Judgement:
+        """Read and score one completion against ``sample.reference``."""
+        return exact_match_judgement(completion, sample.reference, self.config)

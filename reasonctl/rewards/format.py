@@ -8,7 +8,7 @@ from pydantic import Field, field_validator
 
 from reasonctl.core.types import Sample
 from reasonctl.rewards.answers import extract_tagged
-from reasonctl.rewards.base import PerSampleReward, RewardConfig, check_tag
+from reasonctl.rewards.base import Judgement, PerSampleReward, RewardConfig, check_tag
 
 
 class FormatConfig(RewardConfig):
@@ -55,6 +55,11 @@ def format_score(text: str, config: FormatConfig) -> float:
 class FormatReward(PerSampleReward[FormatConfig]):
     """1 when the completion is ``<think>reasoning</think><answer>answer</answer>``, else 0."""
 
-    def score_one(self, completion: str, sample: Sample) -> float:
-        """Score the layout of one completion (the sample is not needed)."""
-        return format_score(completion, self.config)
+    def judge_one(self, completion: str, sample: Sample) -> Judgement:
+        """Score the layout of one completion (the sample is not needed): ``well_formed``,
+        ``partial_credit`` (an answer block in another layout) or ``malformed``."""
+        score = format_score(completion, self.config)
+        if score == 1.0:
+            return Judgement(None, score, "well_formed")
+        has_answer = bool(extract_tagged(completion, self.config.answer_tag))
+        return Judgement(None, score, "partial_credit" if has_answer else "malformed")

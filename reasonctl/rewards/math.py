@@ -1,9 +1,11 @@
 """``math``: is the final answer mathematically the reference answer?
 
-How the answer is read and compared is :mod:`reasonctl.rewards.math_answers` (the last
-``<answer>`` block, boxes, GSM8K ``####`` references, exact integers, a relative tolerance
-for decimals, symbolic equivalence with ``math-verify`` under a time limit, hedges wrong);
-evaluation with ``answer_format = "math"`` uses the same rules and options.
+How the answer is read and compared is :mod:`reasonctl.rewards.math_answers` (the
+``<answer>`` block or the last box, answer statements, GSM8K ``####`` references, exact
+integers, a relative tolerance for decimals, symbolic equivalence with ``math-verify``
+under a time limit; several answers, hedges, candidate lists and chained equations score
+0, and a bare trailing number is no answer unless ``last_number_fallback``); evaluation
+with ``answer_format = "math"`` uses the same rules and options.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ class MathConfig(RewardConfig):
     require_boxed: bool = Field(
         default=False, description="true: no \\boxed{} answer scores 0 (no other reading)."
     )
+    last_number_fallback: bool = Field(
+        default=False,
+        description="true: a response without an answer block, box or answer statement is "
+        "read by its last number (or $...$ formula); false: it has no answer and scores 0.",
+    )
     rel_tol: float = Field(
         default=DEFAULT_REL_TOL, ge=0, lt=1,
         description="Relative tolerance of a decimal against a fraction or a constant like "
@@ -52,7 +59,8 @@ class MathConfig(RewardConfig):
     def rules(self) -> MathRules:
         """These options as :class:`~reasonctl.rewards.math_answers.MathRules`."""
         return MathRules(answer_tag=self.answer_tag, require_tag=self.require_tag,
-                         require_boxed=self.require_boxed, rel_tol=self.rel_tol,
+                         require_boxed=self.require_boxed,
+                         last_number_fallback=self.last_number_fallback, rel_tol=self.rel_tol,
                          timeout_s=self.timeout_s)
 
 
@@ -64,6 +72,6 @@ def math_judgement(text: str, sample: Sample, config: MathConfig) -> Judgement:
 class MathReward(PerSampleReward[MathConfig]):
     """1 when the final answer equals the reference answer, else 0; None without one."""
 
-    def score_one(self, completion: str, sample: Sample) -> float | None:
-        """Score one completion against ``sample.reference``."""
-        return math_judgement(completion, sample, self.config).score
+    def judge_one(self, completion: str, sample: Sample) -> Judgement:
+        """Read and score one completion against ``sample.reference``."""
+        return math_judgement(completion, sample, self.config)

@@ -68,10 +68,15 @@ class SymbolicJudge:
         ``False`` when either does not parse, when they differ, or when the comparison
         takes longer than ``timeout_s`` seconds.
         """
+        return self.equivalence(gold, pred, timeout_s=timeout_s) is True
+
+    def equivalence(self, gold: str, pred: str, *, timeout_s: float) -> bool | None:
+        """:meth:`equivalent`, telling apart a comparison that could not finish: ``None``
+        when it ran out of time (or the comparison process died)."""
         if max(len(gold), len(pred)) > MAX_EXPRESSION_CHARS:
             return False
         result = self._ask(("verify", gold, pred), timeout_s)
-        return result is True
+        return None if result is None else result is True
 
     def numeric_value(self, expr: str, *, timeout_s: float) -> Fraction | None:
         """The real value of a constant expression (``\\pi/2``, ``\\sqrt{2}``) to 40

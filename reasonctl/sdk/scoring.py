@@ -17,6 +17,7 @@ it is trusted with a run.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,10 +47,12 @@ class ScoreReport:
     """Each reward's weight in the totals."""
 
     @classmethod
-    def of(cls, reward_set: RewardSet, samples: Sequence[Sample], completions: Sequence[str]
-           ) -> ScoreReport:
-        """Score ``completions[i]`` against ``samples[i]`` with ``reward_set``."""
-        return cls(list(samples), list(completions), reward_set.score(completions, samples),
+    def of(cls, reward_set: RewardSet, samples: Sequence[Sample], completions: Sequence[str],
+           *, explain: bool = False) -> ScoreReport:
+        """Score ``completions[i]`` against ``samples[i]`` with ``reward_set`` (with
+        ``explain``, each reward also says what it read and why)."""
+        return cls(list(samples), list(completions),
+                   reward_set.score(completions, samples, explain=explain),
                    {term.name: term.weight for term in reward_set.terms})
 
     @property
@@ -61,19 +64,35 @@ class ScoreReport:
         """Mean score per reward (over completions it applies to; ``None`` if none)."""
         return {name: self.metrics.get(f"reward/{name}/mean") for name in self.scores.components}
 
+    def reason_counts(self) -> dict[str, dict[str, int]]:
+        """Per reward, how many completions were scored for each reason (most frequent
+        first); empty unless scored with ``explain``."""
+        counts: dict[str, dict[str, int]] = {}
+        for name, explanations in self.scores.explanations.items():
+            tally = Counter(e.reason for e in explanations)
+            counts[name] = dict(sorted(tally.items(), key=lambda item: (-item[1], item[0])))
+        return counts
+
     def rows(self) -> list[dict[str, Any]]:
-        """One plain dict per completion: source, completion, reference, scores, total."""
-        return [
-            {
+        """One plain dict per completion: source, completion, reference, scores, total,
+        and when explained, ``explanations``: per reward what was ``extracted`` and the
+        ``reason`` of its score."""
+        out = []
+        for i, (sample, completion) in enumerate(zip(self.samples, self.completions,
+                                                     strict=True)):
+            row: dict[str, Any] = {
                 "source": sample.source,
                 "completion": completion,
                 "reference": sample.reference,
                 "scores": {name: values[i] for name, values in self.scores.components.items()},
                 "total": self.scores.totals[i],
             }
-            for i, (sample, completion) in enumerate(zip(self.samples, self.completions,
-                                                         strict=True))
-        ]
+            if self.scores.explanations:
+                row["explanations"] = {
+                    name: {"extracted": notes[i].extracted, "reason": notes[i].reason}
+                    for name, notes in self.scores.explanations.items()}
+            out.append(row)
+        return out
 
     def write_jsonl(self, path: str | Path) -> Path:
         """Write :meth:`rows` as JSON Lines to ``path`` (directories created)."""
@@ -128,6 +147,7 @@ def score(
     rewards: Sequence[Any] | Mapping[str, Callable[..., Any]] = (),
     plugins: Iterable[Any] = (),
     overrides: Iterable[str] = (),
+    explain: bool = False,
 ) -> ScoreReport:
     """Score completions with the rewards of ``config`` (a :class:`RunConfig`, a TOML path
     or a mapping), exactly as a training run would.
@@ -135,7 +155,9 @@ def score(
     Give either ``data`` (a completions file, see the module docstring) or ``completions``
     with one ``samples`` item each. ``rewards`` are extra Python reward callables (as for
     :func:`reasonctl.run`), ``plugins`` extra plugin objects, ``overrides`` ``a.b=value``
-    strings. Rewards run under ``rewards.on_error``.
+    strings. Rewards run under ``rewards.on_error``. With ``explain`` each reward also says
+    per completion what it read and why (:meth:`ScoreReport.reason_counts`,
+    ``rows()[i]["explanations"]``).
     """
     from reasonctl.sdk.api import resolve_run_config
 
@@ -151,4 +173,5 @@ def score(
         if len(sample_list) != len(texts):
             raise ValueError(f"score() got {len(texts)} completions but {len(sample_list)} "
                              "samples; pass one sample per completion")
-    return ScoreReport.of(RewardSet.from_config(resolved, host.registry), sample_list, texts)
+    return ScoreReport.of(RewardSet.from_config(resolved, host.registry), sample_list, texts,
+                          explain=explain)
