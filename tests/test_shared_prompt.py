@@ -264,3 +264,33 @@ def test_resumed_video_grpo_run_equals_the_unbroken_one(tmp_path: Path) -> None:
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     for key in ("reward/mean", "loss", "entropy", "grad_norm"):
         assert [r[key] for r in got] == pytest.approx([r[key] for r in expected], rel=1e-5)
+
+
+def test_update_layout_falls_back_to_padded_rows_where_the_backend_cannot() -> None:
+    from reasonctl.algorithms.grpo import GRPO
+    from reasonctl.algorithms.grpo_config import GRPOConfig
+    from reasonctl.core.errors import ConfigError
+
+    class PaddedOnly:  # a backend without RunsSharedPrompts (e.g. megatron)
+        pass
+
+    class SharedCapable:
+        def shared_prompt_problem(self) -> str | None:
+            return None
+
+    assert not GRPO(GRPOConfig())._choose_shared_prompts(None, PaddedOnly())  # type: ignore[arg-type]
+    assert GRPO(GRPOConfig())._choose_shared_prompts(None, SharedCapable())  # type: ignore[arg-type]
+    assert not GRPO(GRPOConfig(update_layout="padded"))._choose_shared_prompts(
+        None, SharedCapable())  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="update_layout = 'shared_prompt'.*PaddedOnly"):
+        GRPO(GRPOConfig(update_layout="shared_prompt"))._choose_shared_prompts(
+            None, PaddedOnly())  # type: ignore[arg-type]
+
+
+def test_eager_attention_is_a_reason_for_padded_rows() -> None:
+    from reasonctl.models.shared_prompt_attention import shared_prompt_problem
+
+    model, _ = _load("tiny-random")
+    assert shared_prompt_problem(model) is None
+    model.config._attn_implementation_internal = "eager"
+    assert "eager" in (shared_prompt_problem(model) or "")
