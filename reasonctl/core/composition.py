@@ -5,7 +5,8 @@ The runner (:mod:`reasonctl.core.runner`) is the only composer of a training run
 is built one way everywhere: the backend, the model source, the chat processor, the
 dataset (seen through :class:`~reasonctl.data.datasets.DatasetView`, which applies the
 ``[data]`` prompt options), the reward set, the reference model, the rollout engine (with
-its ``[rollout.<engine>]`` section) or the separate rollout workers, and the evaluator.
+its ``[rollout.<engine>]`` section) or the separate rollout workers, the environment of
+multi-turn episodes, and the evaluator.
 Heavy packages are imported inside the functions that need them.
 """
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
         Algorithm,
         Backend,
         Dataset,
+        Environment,
         Evaluator,
         Processor,
         RolloutEngine,
@@ -128,6 +130,9 @@ def compose(ctx: RunContext, needs: Needs) -> None:
     separate = ctx.config.rollout.placement == "separate"
     if (needs.rollout_engine and not separate) or periodic_eval:
         ctx.engine = build_rollout_engine(ctx)
+    if ctx.config.environment.name and ((needs.rollout_engine and not separate)
+                                        or periodic_eval):
+        ctx.environment = build_environment(ctx)
     if needs.rollout_engine and separate:
         ctx.rollout_workers = build_rollout_workers(ctx)
     if periodic_eval:
@@ -209,6 +214,15 @@ def build_reference_model(ctx: RunContext) -> None:
 def build_rollout_engine(ctx: RunContext) -> RolloutEngine:
     """The engine named by ``rollout.engine``, with its ``[rollout.<engine>]`` section."""
     return build_component(ctx, "rollout_engine", "rollout", ctx.config.rollout.engine)
+
+
+def build_environment(ctx: RunContext) -> Environment:
+    """The environment named by ``environment.name``, with its ``[environment.<name>]``
+    section (episodes of multi-turn rollouts)."""
+    name = ctx.config.environment.name
+    if not name:
+        raise ConfigError(["environment.name: no environment is configured"])
+    return build_component(ctx, "environment", "environment", name)
 
 
 def build_rollout_workers(ctx: RunContext) -> Any:

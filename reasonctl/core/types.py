@@ -97,17 +97,52 @@ class Sample:
 
 
 @dataclass
+class Observation:
+    """What an environment answers to one turn of the policy (see
+    :class:`~reasonctl.core.protocols.Episode`).
+
+    ``messages`` (tool results as role ``tool``, or ``user`` turns) are rendered with the
+    model's chat template after the policy's turn, followed by the generation prompt of the
+    next assistant turn; their tokens are appended to the sequence and carry no loss. With
+    ``done`` the episode ends after this turn and ``messages`` are not appended.
+    """
+
+    messages: list[Message] = field(default_factory=list)
+    done: bool = False
+
+
+@dataclass
+class EpisodeSummary:
+    """How a multi-turn episode went: the policy's ``turns``, the environment's ``reward``
+    (``None``: it has none) and per-episode ``metrics`` (``turns``, ``tool_calls``,
+    ``tool_errors``, ``tool_seconds``, ``observation_tokens`` ...)."""
+
+    turns: int
+    reward: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class Completion:
     """One generated response to a prompt.
 
     ``token_ids`` are the generated tokens (prompt excluded); ``logprobs`` the per-token
     log-probabilities under the sampling policy (after temperature), one per token.
+
+    A completion of a multi-turn episode (an ``[environment]``) holds every turn and the
+    environment's observations between them, in one sequence: ``loss_mask`` is 1 on the
+    tokens the policy generated and 0 on observation tokens (whose ``logprobs`` entries are
+    0: the engine did not sample them), ``text`` is the policy's last turn (what rewards
+    judge) and ``episode`` tells how the episode went. ``loss_mask`` is ``None`` when every
+    token was generated.
     """
 
     text: str
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: Literal["stop", "length"] = "stop"
+    loss_mask: list[int] | None = None
+    episode: EpisodeSummary | None = None
 
 
 @dataclass
