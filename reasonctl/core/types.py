@@ -237,7 +237,8 @@ class PolicyBatch(TrainBatch, total=False):
 
     Per-token tensors are ``[B, T-1]``, aligned with the backend's log-probs (position ``t``
     scores token ``t + 1``) and zero outside each row's completion: ``completion_mask`` (1 on
-    completion tokens, whether or not they carry loss), ``engine_logprobs`` (the rollout engine's
+    completion tokens the policy generated, whether or not they carry loss; 0 on the
+    observation tokens of a multi-turn environment), ``engine_logprobs`` (the rollout engine's
     log-probs of the sampled tokens), and, when computed, ``old_logprobs`` (the policy before the
     update) and ``ref_logprobs`` (the reference model). ``advantages`` is ``[B]``, one per row.
     ``loss_mask`` is 1 on completion tokens that carry loss (prompt tokens never do).

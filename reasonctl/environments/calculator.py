@@ -29,7 +29,6 @@ _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.FloorDiv: operator.floordiv,
     ast.Mod: operator.mod,
     ast.Pow: operator.pow,
-    ast.BitXor: operator.pow,  # 2^10 means a power on a calculator
 }
 _UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
@@ -65,7 +64,8 @@ def calculate(expression: str) -> str:
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise CalculatorError(f"the expression is longer than {MAX_EXPRESSION_CHARS} characters")
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        # 2^10 is a power on a calculator (and binds as tightly as **)
+        tree = ast.parse(expression.strip().replace("^", "**"), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise CalculatorError(f"cannot read {expression!r} as arithmetic") from exc
     value = _value(tree.body)
@@ -87,9 +87,9 @@ def _value(node: ast.AST) -> int | float:
         return _checked(_UNARY[type(node.op)](_value(node.operand)))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _value(node.left), _value(node.right)
-        if type(node.op) in (ast.Pow, ast.BitXor) and abs(right) > MAX_EXPONENT:
+        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
             raise CalculatorError(f"exponents above {MAX_EXPONENT} are not allowed")
-        if type(node.op) in (ast.Pow, ast.BitXor) and isinstance(left, int) \
+        if isinstance(node.op, ast.Pow) and isinstance(left, int) \
                 and isinstance(right, int) and right > 0 \
                 and left.bit_length() * right > MAX_INTEGER_BITS:
             raise CalculatorError("the result would be too large")

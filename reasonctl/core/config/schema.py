@@ -282,11 +282,16 @@ class EnvironmentSection(Section):
     max_completion_tokens: int | None = Field(
         default=None, gt=0,
         description="Tokens after the prompt per episode at most, generated and observation "
-        "tokens together (default max_turns x rollout.max_new_tokens); an episode that "
-        "reaches it ends with finish reason 'length'.")
+        "tokens together; an episode that reaches it ends with finish reason 'length'. "
+        "Default: no bound beyond max_turns turns of rollout.max_new_tokens and the "
+        "environment's own limits on observations.")
     reward_weight: float = Field(
         default=1.0, description="Weight of the environment's own reward (component "
         "'environment') in the total; environments without one add nothing.")
+    concurrency: int = Field(
+        default=8, gt=0,
+        description="Episodes whose turns the environment answers at once (threads), so "
+        "tool calls of different episodes run in parallel.")
 
 
 class RewardComponent(BaseModel):
