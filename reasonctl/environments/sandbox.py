@@ -104,22 +104,22 @@ class Sandbox:
     def check(self, *, where: str = "sandbox") -> None:
         """Run a trivial program; raise :class:`SandboxUnavailableError` if the host cannot
         confine it as configured."""
-        result = self.run("print('ok')")
-        if result.ok and result.stdout.strip() == "ok":
-            return
-        reason = result.stderr.strip() or result.failure(self.config)
-        asked = []
-        if not self.config.network:
-            asked.append(f"{where}.network = false (no network)")
-        if self.config.private_filesystem:
-            asked.append(f"{where}.private_filesystem = true")
+        try:
+            result = self.run("print('ok')")
+        except SandboxUnavailableError as exc:
+            reason = str(exc)
+        else:
+            if result.ok and result.stdout.strip() == "ok":
+                return
+            reason = result.stderr.strip() or result.failure(self.config)
+        kinds = ["user", "PID"] + ([] if self.config.network else ["network"]) + \
+            (["mount"] if self.config.private_filesystem else [])
         raise SandboxUnavailableError(
-            f"the sandbox cannot run code on this host ({reason}). "
-            + (f"The config asks for {' and '.join(asked)}, which need user namespaces "
-               "(Linux; enabled when /proc/sys/user/max_user_namespaces is above 0 and, on "
-               "Debian/Ubuntu, kernel.unprivileged_userns_clone = 1); run where they are "
-               "available rather than unconfined. " if asked else "")
-            + f"The interpreter used is {self.python} ({where}.python)."
+            f"the sandbox cannot run code on this host ({reason}). It confines code in "
+            f"namespaces of its own ({', '.join(kinds)}), which need unprivileged user "
+            "namespaces (Linux: /proc/sys/user/max_user_namespaces above 0 and, on "
+            "Debian/Ubuntu, kernel.unprivileged_userns_clone = 1); the run stops rather than "
+            f"run code unconfined. The interpreter is {self.python} ({where}.python)."
         )
 
     def run(self, code: str, *, files: dict[str, str] | None = None) -> SandboxResult:
