@@ -310,8 +310,22 @@ def test_multi_turn_logprobs_equal_one_forward_pass(decode: str, tiny_model_dir:
     samples = [_sample("Say something."), _sample("Count to three, please.")]
     prompts = [_prompt(tokenizer, s) for s in samples]
     params = SamplingParams(n=2, max_new_tokens=12, temperature=1.0, seed=5, stop=STOPS)
+    reused = []
+    generate_continuation = engine.generate_continuation
+
+    def continuing(prompts: Any, params: SamplingParams) -> Any:
+        results = generate_continuation(prompts, params)
+        reused.append((engine.last_stats.reused_tokens, sum(len(p["input_ids"]) for p in prompts)))
+        return results
+
+    engine.generate_continuation = continuing  # type: ignore[method-assign]
     groups = run_episodes(engine, EchoEnvironment(), renderer_for(tokenizer), samples, prompts,
                           params, EpisodeLimits(max_turns=4, max_completion_tokens=200))
+    # the static path continues each episode in its cache slot: only new tokens are prefilled
+    if decode == "static":
+        assert reused and all(0 < cached < total for cached, total in reused)
+    else:
+        assert reused and all(cached == 0 for cached, _ in reused)
     completions = [(p, c) for p, group in zip(prompts, groups, strict=True) for c in group]
     assert any(c.episode is not None and c.episode.turns >= 3 for _, c in completions)
     for prompt, completion in completions:
