@@ -47,9 +47,13 @@ from reasonctl.core.protocols import (
     Algorithm,
     Backend,
     Closes,
+    ContinuesSequences,
     CountsSkippedRows,
     Dataset,
     DeclaresNeeds,
+    DeclaresTools,
+    Environment,
+    Episode,
     Evaluator,
     ForwardFn,
     Logger,
@@ -87,9 +91,11 @@ from reasonctl.core.runner import RunResult
 from reasonctl.core.types import (
     Completion,
     ContentPart,
+    EpisodeSummary,
     Message,
     Metrics,
     ModelSource,
+    Observation,
     PolicyBatch,
     RolloutGroup,
     Sample,
@@ -129,6 +135,7 @@ if TYPE_CHECKING:
     from reasonctl.data.datasets import ListDataset, shard
     from reasonctl.data.processing import ChatProcessor, EncodedSample
     from reasonctl.data.prompting import layout_mcq
+    from reasonctl.environments.episodes import EpisodeLimits, run_episodes
     from reasonctl.evaluation.scoring import EvalReport, score_samples
     from reasonctl.models.loading import resolve_model_source
 
@@ -163,6 +170,9 @@ _LAZY: dict[str, str] = {
     "layout_mcq": "reasonctl.data.prompting",
     # the model's directories
     "resolve_model_source": "reasonctl.models.loading",
+    # multi-turn episodes
+    "EpisodeLimits": "reasonctl.environments.episodes",
+    "run_episodes": "reasonctl.environments.episodes",
     # evaluation
     "EvalReport": "reasonctl.evaluation.scoring",
     "score_samples": "reasonctl.evaluation.scoring",
@@ -200,12 +210,18 @@ __all__ = [
     "ComponentUnavailableError",
     "ConfigError",
     "ContentPart",
+    "ContinuesSequences",
     "CountsSkippedRows",
     "DataError",
     "Dataset",
     "DeclaresNeeds",
+    "DeclaresTools",
     "DuplicateComponentError",
     "EncodedSample",
+    "Environment",
+    "Episode",
+    "EpisodeLimits",
+    "EpisodeSummary",
     "EpochSampler",
     "EvalReport",
     "Evaluator",
@@ -222,6 +238,7 @@ __all__ = [
     "MissingDependencyError",
     "ModelSource",
     "Needs",
+    "Observation",
     "PluginHost",
     "PluginLoadError",
     "PolicyBatch",
@@ -248,8 +265,8 @@ __all__ = [
     "RunResult",
     "RunsForward",
     "Sample",
-    "ScoreReport",
     "SamplingParams",
+    "ScoreReport",
     "ScoresMedia",
     "SharesPolicyWeights",
     "Storage",
@@ -287,6 +304,7 @@ __all__ = [
     "reward_media_type",
     "reward_metrics",
     "run",
+    "run_episodes",
     "sample_groups",
     "sampling_params",
     "score",

@@ -22,7 +22,7 @@ from reasonctl.core.types import (
 )
 from reasonctl.environments.calculator import CalculatorError, calculate
 from reasonctl.environments.config import ToolsEnvironmentConfig
-from reasonctl.environments.episodes import EpisodeLimits, renderer_for, run_episodes
+from reasonctl.environments.episodes import EpisodeLimits, run_episodes
 from reasonctl.environments.observations import ObservationRenderer
 from reasonctl.environments.tool_calls import parse_tool_calls
 from reasonctl.environments.tools_env import ToolsEnvironment
@@ -160,7 +160,7 @@ def test_an_episode_is_one_sequence_with_observations_masked(qwen_tokenizer: Any
     environment = ToolsEnvironment(ToolsEnvironmentConfig(tools=["calculator"]))
     sample = _sample()
     prompt = _prompt(qwen_tokenizer, sample)
-    groups = run_episodes(engine, environment, renderer_for(qwen_tokenizer), [sample], [prompt],
+    groups = run_episodes(engine, environment, qwen_tokenizer, [sample], [prompt],
                           SamplingParams(n=2, max_new_tokens=100, seed=1),
                           EpisodeLimits(max_turns=4, max_completion_tokens=400))
     assert len(groups) == 1 and len(groups[0]) == 2
@@ -195,7 +195,7 @@ def test_bad_calls_get_error_observations_and_the_episode_goes_on(qwen_tokenizer
     engine = ScriptedEngine(qwen_tokenizer, turns)
     environment = ToolsEnvironment(ToolsEnvironmentConfig(tools=["calculator"]))
     sample = _sample()
-    [[completion]] = run_episodes(engine, environment, renderer_for(qwen_tokenizer), [sample],
+    [[completion]] = run_episodes(engine, environment, qwen_tokenizer, [sample],
                                   [_prompt(qwen_tokenizer, sample)],
                                   SamplingParams(n=1, max_new_tokens=400),
                                   EpisodeLimits(max_turns=3, max_completion_tokens=2000))
@@ -215,24 +215,23 @@ def test_turn_and_token_limits_end_episodes(qwen_tokenizer: Any) -> None:
     sample = _sample()
     prompt = _prompt(qwen_tokenizer, sample)
     environment = ToolsEnvironment(ToolsEnvironmentConfig(tools=["calculator"]))
-    renderer = renderer_for(qwen_tokenizer)
     params = SamplingParams(n=1, max_new_tokens=200)
     # out of turns: the third call is answered but not appended; the episode stops there
     engine = ScriptedEngine(qwen_tokenizer, [CALL] * 3)
-    [[done]] = run_episodes(engine, environment, renderer, [sample], [prompt], params,
+    [[done]] = run_episodes(engine, environment, qwen_tokenizer, [sample], [prompt], params,
                             EpisodeLimits(max_turns=2, max_completion_tokens=2000))
     assert done.episode is not None and done.episode.turns == 2
     assert done.finish_reason == "stop" and done.loss_mask[-1] == 1 and len(engine.calls) == 2
     # out of tokens: the budget cuts the second turn
     turn1 = len(_ids(qwen_tokenizer, CALL)) + 1
     engine = ScriptedEngine(qwen_tokenizer, [CALL] * 3)
-    [[cut]] = run_episodes(engine, environment, renderer, [sample], [prompt], params,
+    [[cut]] = run_episodes(engine, environment, qwen_tokenizer, [sample], [prompt], params,
                            EpisodeLimits(max_turns=5, max_completion_tokens=turn1 + 80))
     assert cut.finish_reason == "length" and len(cut.token_ids) == turn1 + 80
     assert cut.episode is not None and cut.episode.turns == 2
     # a turn cut by max_new_tokens ends the episode
     engine = ScriptedEngine(qwen_tokenizer, [CALL] * 3)
-    [[short]] = run_episodes(engine, environment, renderer, [sample], [prompt],
+    [[short]] = run_episodes(engine, environment, qwen_tokenizer, [sample], [prompt],
                              SamplingParams(n=1, max_new_tokens=10),
                              EpisodeLimits(max_turns=5, max_completion_tokens=2000))
     assert short.finish_reason == "length" and len(short.token_ids) == 10
@@ -248,7 +247,7 @@ def test_training_rows_carry_no_loss_on_observations(qwen_tokenizer: Any) -> Non
     environment = ToolsEnvironment(ToolsEnvironmentConfig(tools=["calculator"]))
     sample = _sample()
     prompt = _prompt(qwen_tokenizer, sample)
-    [group] = run_episodes(engine, environment, renderer_for(qwen_tokenizer), [sample], [prompt],
+    [group] = run_episodes(engine, environment, qwen_tokenizer, [sample], [prompt],
                            SamplingParams(n=2, max_new_tokens=100),
                            EpisodeLimits(max_turns=3, max_completion_tokens=400))
     encoded = EncodedSample(prompt["input_ids"], [0] * len(prompt["input_ids"]),
@@ -319,7 +318,7 @@ def test_multi_turn_logprobs_equal_one_forward_pass(decode: str, tiny_model_dir:
         return results
 
     engine.generate_continuation = continuing  # type: ignore[method-assign]
-    groups = run_episodes(engine, EchoEnvironment(), renderer_for(tokenizer), samples, prompts,
+    groups = run_episodes(engine, EchoEnvironment(), tokenizer, samples, prompts,
                           params, EpisodeLimits(max_turns=4, max_completion_tokens=200))
     # the static path continues each episode in its cache slot: only new tokens are prefilled
     if decode == "static":

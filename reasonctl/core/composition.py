@@ -130,8 +130,8 @@ def compose(ctx: RunContext, needs: Needs) -> None:
     separate = ctx.config.rollout.placement == "separate"
     if (needs.rollout_engine and not separate) or periodic_eval:
         ctx.engine = build_rollout_engine(ctx)
-    if ctx.config.environment.name and ((needs.rollout_engine and not separate)
-                                        or periodic_eval):
+    if ctx.config.environment.name and (needs.rollout_engine or periodic_eval):
+        # with separate workers the episodes run there; here it describes the tools
         ctx.environment = build_environment(ctx)
     if needs.rollout_engine and separate:
         ctx.rollout_workers = build_rollout_workers(ctx)

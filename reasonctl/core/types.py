@@ -95,6 +95,14 @@ class Sample:
             "source": self.source,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Sample:
+        """The sample :meth:`to_dict` returned (e.g. sent to a rollout worker)."""
+        messages = [Message(m["role"], [ContentPart(**part) for part in m["content"]])
+                    for m in data["messages"]]
+        return cls(messages, data.get("reference"), dict(data.get("meta") or {}),
+                   str(data.get("source", "")))
+
 
 @dataclass
 class Observation:

@@ -119,14 +119,16 @@ class _Running:
 def run_episodes(
     engine: RolloutEngine,
     environment: Environment,
-    renderer: ObservationRenderer,
+    tokenizer: Any,
     samples: Sequence[Sample],
     prompts: Sequence[dict[str, Any]],
     params: SamplingParams,
     limits: EpisodeLimits,
 ) -> list[list[Completion]]:
     """``params.n`` episodes per prompt (see the module docstring); ``prompts[i]`` is the
-    encoded prompt (``EncodedSample.as_prompt()``) of ``samples[i]``."""
+    encoded prompt (``EncodedSample.as_prompt()``) of ``samples[i]``; observations are
+    rendered with ``tokenizer``'s chat template (the processor's tokenizer)."""
+    renderer = renderer_for(tokenizer)
     if len(samples) != len(prompts):
         raise ValueError(f"run_episodes got {len(prompts)} prompts for {len(samples)} samples")
     if not prompts:
@@ -184,7 +186,7 @@ def episodes_for_run(ctx: RunContext, samples: Sequence[Sample],
     if ctx.engine is None or ctx.environment is None or ctx.processor is None:
         raise ReasonctlError("running episodes needs the run's rollout engine, environment "
                              "and processor")
-    return run_episodes(ctx.engine, ctx.environment, renderer_for(ctx.processor.tokenizer),
+    return run_episodes(ctx.engine, ctx.environment, ctx.processor.tokenizer,
                         samples, prompts, params,
                         episode_limits(ctx.config))
 

@@ -145,11 +145,11 @@ def score_samples(
     encoded = [processor.encode_prompt(s, tools=tools) for s in samples]
     prompts = [e.as_prompt() for e in encoded]
     if environment is not None:
-        from reasonctl.environments.episodes import EpisodeLimits, renderer_for, run_episodes
+        from reasonctl.environments.episodes import UNBOUNDED, EpisodeLimits, run_episodes
 
-        limits = limits or EpisodeLimits(max_turns=4, max_completion_tokens=1 << 40)
-        groups = run_episodes(engine, environment, renderer_for(processor.tokenizer),
-                              samples, prompts, params, limits)
+        limits = limits or EpisodeLimits(max_turns=4, max_completion_tokens=UNBOUNDED)
+        groups = run_episodes(engine, environment, processor.tokenizer, samples, prompts,
+                              params, limits)
     else:
         groups = engine.generate(prompts, params)
     report = EvalReport(answer_format=answer_format)
