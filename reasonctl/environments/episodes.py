@@ -52,11 +52,11 @@ UNBOUNDED = 1 << 40
 @dataclass(frozen=True)
 class EpisodeLimits:
     """How long an episode may run: ``max_turns`` turns of the policy and
-    ``max_completion_tokens`` tokens after the prompt (generated and observation tokens);
-    ``concurrency`` episodes are stepped at once."""
+    ``max_completion_tokens`` tokens after the prompt (generated and observation tokens;
+    default: no bound); ``concurrency`` episodes are stepped at once."""
 
-    max_turns: int
-    max_completion_tokens: int
+    max_turns: int = 4
+    max_completion_tokens: int = UNBOUNDED
     concurrency: int = 8
 
 
