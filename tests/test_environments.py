@@ -359,6 +359,7 @@ class EchoPlugin:
 
 def _grpo_config(tmp_path: Path, model_dir: Path) -> dict[str, Any]:
     data = tmp_path / "prompts.jsonl"
+    data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text("".join(json.dumps({"prompt": f"Item {i}: talk.", "reference": "x"}) + "\n"
                             for i in range(6)))
     return {
@@ -409,3 +410,58 @@ def test_unknown_environment_and_keys_are_config_errors(tmp_path: Path) -> None:
     text = str(caught.value)
     assert "Unknown environment 'toolz'" in text and "Did you mean 'tools'?" in text
     assert "environment.tools.tolls" in text and "environment.max_turns" in text
+
+
+def test_a_resumed_run_with_an_environment_equals_the_unbroken_one(
+        tmp_path: Path, tiny_model_dir: Path, register_plugin: Any) -> None:
+    register_plugin(EchoPlugin(), name="echo-plugin")
+    full = _grpo_config(tmp_path / "full", tiny_model_dir)
+    full["train"]["max_steps"] = 4
+    reasonctl.run(full, rewards=[byte_parity])
+    part = _grpo_config(tmp_path / "part", tiny_model_dir)
+    part["train"]["max_steps"] = 4
+    part["checkpoint"]["every_steps"] = 2
+    reasonctl.run(dict(part, train={**part["train"], "max_steps": 2}), rewards=[byte_parity])
+    reasonctl.run(dict(part, run={**part["run"], "resume": True}), rewards=[byte_parity])
+    expected = _metrics(tmp_path / "full" / "run")
+    got = _metrics(tmp_path / "part" / "run")
+    assert [r["step"] for r in got] == [1, 2, 3, 4]
+    for key in ("reward/mean", "env/turns", "env/observation_tokens", "loss", "entropy"):
+        assert [r[key] for r in got] == pytest.approx([r[key] for r in expected], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2700)
+def test_agent_quickstart_learns_to_use_the_calculator(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both quickstart configs as a user runs them: the fine-tune, then GRPO with the
+    calculator, whose share of tool use and reward rise; held-out episodes sampled as in
+    training are right more often after it, and the evaluation reports tool use."""
+    import statistics
+
+    from reasonctl.core.plugins import PluginHost
+    from reasonctl.evaluation.standalone import evaluate
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)
+    quiet = ['logging.loggers=["jsonl"]']
+    sft = reasonctl.load_config(repo / "examples/configs/quickstart_agent_sft.toml", overrides=[
+        f"run.output_dir={json.dumps(str(tmp_path / 'sft'))}", *quiet])
+    start = reasonctl.run(sft).export_dir
+    assert start is not None
+    grpo = reasonctl.load_config(repo / "examples/configs/quickstart_agent_grpo.toml", overrides=[
+        f"run.output_dir={json.dumps(str(tmp_path / 'grpo'))}",
+        f"model.name_or_path={json.dumps(str(start))}", *quiet])
+    trained = reasonctl.run(grpo).export_dir
+    steps = _metrics(tmp_path / "grpo")
+    calls = [row["env/tool_calls"] for row in steps]
+    rewards = [row["reward/mean"] for row in steps]
+    assert statistics.fmean(calls[-5:]) >= 0.9
+    assert statistics.fmean(calls[-5:]) - statistics.fmean(calls[:3]) >= 0.2
+    assert statistics.fmean(rewards[-10:]) - statistics.fmean(rewards[:5]) >= 0.05
+    registry = PluginHost.load().registry
+    data = str(repo / "examples/data/quickstart_agent_eval.jsonl")
+    before = evaluate(grpo, registry, model=str(start), data=data, answer_format="free")
+    after = evaluate(grpo, registry, model=str(trained), data=data, answer_format="free")
+    assert after.accuracy >= before.accuracy + 0.1
+    assert after.summary()["tool_use"]["tool_calls"] > before.summary()["tool_use"]["tool_calls"]
