@@ -401,6 +401,31 @@ def test_grpo_trains_on_episodes_of_an_environment_plugin(tmp_path: Path, tiny_m
             row["reward/byte_parity/mean"] + 0.5 * row["reward/environment/mean"])
 
 
+@pytest.mark.parametrize("variant", ["lora", "dapo"])
+def test_lora_and_dapo_train_on_episodes(variant: str, tmp_path: Path, tiny_model_dir: Path,
+                                         register_plugin: Any) -> None:
+    """LoRA (the engine keeps a merged copy, refreshed before each rollout) and DAPO's
+    dynamic sampling and overlong filtering work on episodes as on single turns."""
+    if variant == "lora":
+        pytest.importorskip("peft", reason="LoRA needs the 'lora' extra (peft)")
+    register_plugin(EchoPlugin(), name="echo-plugin")
+    config = _grpo_config(tmp_path, tiny_model_dir)
+    if variant == "lora":
+        config["model"]["lora"] = {"rank": 4, "alpha": 8.0}
+    else:
+        config["algorithm"]["grpo"].update(dynamic_sampling=True, max_sampling_rounds=3,
+                                           mask_truncated=True, epsilon_high=0.28)
+    result = reasonctl.run(config, rewards=[byte_parity])
+    assert result.status == "completed"
+    steps = _metrics(tmp_path / "run")
+    assert len(steps) == 3
+    for row in steps:
+        assert row["rollout/logprob_gap"] < 1e-3 and row["env/turns"] >= 1
+        assert row.get("update/skipped") != 1.0 or row["response_length/truncated_frac"] == 1.0
+    if variant == "dapo":
+        assert all(row["rollout/groups_kept"] == 2 for row in steps)
+
+
 def test_unknown_environment_and_keys_are_config_errors(tmp_path: Path) -> None:
     from reasonctl.core.errors import ConfigError
 
