@@ -264,6 +264,29 @@ def test_training_rows_carry_no_loss_on_observations(qwen_tokenizer: Any) -> Non
     assert batch["engine_logprobs"][0, width - 1:].tolist() == group[0].logprobs
 
 
+def test_evaluation_runs_episodes_and_reports_tool_use(qwen_tokenizer: Any) -> None:
+    from reasonctl.data.processing import ChatProcessor
+    from reasonctl.evaluation.scoring import accuracy_table, score_samples
+
+    engine = ScriptedEngine(qwen_tokenizer, [CALL, "3367"])
+    environment = ToolsEnvironment(ToolsEnvironmentConfig(tools=["calculator"]))
+    report = score_samples(engine, ChatProcessor(qwen_tokenizer, max_length=256),
+                           [_sample(), _sample(reference="3368")], answer_format="free",
+                           params=SamplingParams(n=1, max_new_tokens=100),
+                           environment=environment,
+                           limits=EpisodeLimits(max_turns=3))
+    assert [p.response for p in report.predictions] == ["3367", "3367"]
+    assert [p.correct for p in report.predictions] == [True, False]
+    assert report.predictions[0].episode["tool_calls"] == 1
+    tool_use = report.summary()["tool_use"]
+    assert tool_use["turns"] == 2 and tool_use["tool_calls"] == 1 and tool_use["tool_errors"] == 0
+    assert "2.00 turns, 1.00 tool calls (0.00 errors)" in str(accuracy_table(report).caption)
+    # the tools are described to a template that takes them
+    described = ChatProcessor(qwen_tokenizer, max_length=2048).encode_prompt(
+        _sample(), tools=environment.tool_schemas())
+    assert '"name": "calculator"' in qwen_tokenizer.decode(described.input_ids)
+
+
 # --- a real engine: log-probs of a multi-turn sequence ------------------------------------------
 
 
