@@ -503,10 +503,10 @@ def test_agent_quickstart_learns_to_use_the_calculator(tmp_path: Path,
     trained = reasonctl.run(grpo).export_dir
     steps = _metrics(tmp_path / "grpo")
     calls = [row["env/tool_calls"] for row in steps]
-    rewards = [row["reward/mean"] for row in steps]
-    assert statistics.fmean(calls[-5:]) >= 0.9, calls
+    right = [row["reward/exact_match/mean"] for row in steps]
+    assert statistics.fmean(calls[-5:]) >= 0.8, calls
     assert statistics.fmean(calls[-5:]) - statistics.fmean(calls[:3]) >= 0.2, calls
-    assert statistics.fmean(rewards[-10:]) - statistics.fmean(rewards[:5]) >= 0.05, rewards
+    assert statistics.fmean(right[-10:]) - statistics.fmean(right[:5]) >= 0.1, right
     registry = PluginHost.load().registry
     data = str(repo / "examples/data/quickstart_agent_eval.jsonl")
     before = evaluate(grpo, registry, model=str(start), data=data, answer_format="free")

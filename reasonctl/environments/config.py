@@ -49,6 +49,23 @@ class SandboxConfig(BaseModel):
         "interpreter of this one, without its virtual environment).")
 
 
+class RemoteToolsConfig(BaseModel):
+    """``[environment.tools.remote]``: tools run by a reward service
+    (``reasonctl serve-rewards`` with ``[tools] serve``), for sandboxes that must not share
+    the trainer's host."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(min_length=1, description="The service, http(s)://host[:port].")
+    token_env: str = Field(default="REASONCTL_REWARD_TOKEN",
+                           description="Environment variable holding the bearer token.")
+    tools: list[ToolName] = Field(default_factory=lambda: ["python"], min_length=1,
+                                  description="Which of the tools run on the service.")
+    timeout: float = Field(default=60.0, gt=0,
+                           description="Seconds per call, retries included; then the call "
+                           "is answered with an error.")
+
+
 class ToolsEnvironmentConfig(BaseModel):
     """``[environment.tools]``: which tools the policy may call and how they run."""
 
@@ -60,8 +77,15 @@ class ToolsEnvironmentConfig(BaseModel):
         "the sandbox, its output returned.")
     max_result_chars: int = Field(
         default=2000, gt=0, description="A tool result longer than this is cut.")
+    error_penalty: float = Field(
+        default=0.0, ge=0,
+        description="The environment's reward: minus this for each tool error of the "
+        "episode (a malformed call, an unknown tool, a failed run), so the policy learns to "
+        "call tools correctly. 0: the environment gives no reward of its own.")
     describe_tools: bool = Field(
         default=True,
         description="Give the tools' schemas to the chat template, which describes them in "
         "the prompt (for templates that take tools, e.g. Qwen2.5/Qwen3).")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    remote: RemoteToolsConfig | None = Field(
+        default=None, description="Run some of the tools on a reward service instead of here.")

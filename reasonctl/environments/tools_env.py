@@ -5,8 +5,8 @@ Each turn of the policy is read for tool calls in the chat format
 ends the episode. Otherwise every call is answered, in order, by a ``tool`` message: the
 tool's result, or ``error: ...`` saying what went wrong (a malformed call, an unknown
 tool, bad arguments, code that failed or broke a sandbox limit). Nothing the policy writes
-can make a step raise. The environment has no reward of its own: the run's rewards judge
-the final answer.
+can make a step raise. The run's rewards judge the final answer; with ``error_penalty``
+the environment's own reward is minus that much per tool error.
 
 Per-episode metrics: ``tool_calls``, ``tool_errors`` (``malformed_tool_calls`` among
 them) and ``tool_seconds``.
@@ -41,6 +41,11 @@ PYTHON_SCHEMA: dict[str, Any] = {
         },
     },
 }
+
+
+TOOL_SCHEMAS: dict[str, dict[str, Any]] = {"calculator": calculator.SCHEMA,
+                                            "python": PYTHON_SCHEMA}
+"""The built-in tools' JSON schemas by name."""
 
 
 class ToolError(Exception):
@@ -116,9 +121,11 @@ class _Counts:
 class ToolsEpisode:
     """One episode of :class:`ToolsEnvironment` (see the module docstring)."""
 
-    def __init__(self, tools: dict[str, Tool], max_result_chars: int) -> None:
+    def __init__(self, tools: dict[str, Tool], max_result_chars: int,
+                 error_penalty: float = 0.0) -> None:
         self.tools = tools
         self.max_result_chars = max_result_chars
+        self.error_penalty = error_penalty
         self.counts = _Counts()
 
     def step(self, turn: str) -> Observation:
@@ -136,8 +143,11 @@ class ToolsEpisode:
         return Observation(messages)
 
     def reward(self) -> float | None:
-        """None: the run's rewards judge the final answer."""
-        return None
+        """Minus ``error_penalty`` per tool error; None without a penalty (the run's
+        rewards judge the final answer either way)."""
+        if not self.error_penalty:
+            return None
+        return -self.error_penalty * self.counts.errors
 
     def metrics(self) -> Metrics:
         """``tool_calls``, ``tool_errors``, ``malformed_tool_calls``, ``tool_seconds``."""
@@ -170,22 +180,15 @@ class ToolsEpisode:
 class ToolsEnvironment:
     """Episodes in which the policy may call ``config.tools`` (see the module docstring)."""
 
-    def __init__(self, config: ToolsEnvironmentConfig, *, sandbox: Sandbox | None = None
-                 ) -> None:
+    def __init__(self, config: ToolsEnvironmentConfig, *, sandbox: Sandbox | None = None,
+                 tools: dict[str, Tool] | None = None) -> None:
         self.config = config
-        tools: dict[str, Tool] = {}
-        for name in config.tools:
-            if name == "calculator":
-                tools[name] = CalculatorTool()
-            elif name == "python":
-                if sandbox is None:
-                    raise ValueError("the python tool needs a sandbox")
-                tools[name] = PythonTool(sandbox)
-        self.tools = tools
+        self.tools = tools if tools is not None else make_tools(config.tools, sandbox)
 
     def start(self, sample: Sample) -> ToolsEpisode:
         """A new episode (every episode has the same tools)."""
-        return ToolsEpisode(self.tools, self.config.max_result_chars)
+        return ToolsEpisode(self.tools, self.config.max_result_chars,
+                            self.config.error_penalty)
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The tools' schemas for the chat template (none with ``describe_tools = false``)."""
@@ -194,15 +197,43 @@ class ToolsEnvironment:
         return [tool.schema for tool in self.tools.values()]
 
 
+def make_tools(names: list[str], sandbox: Sandbox | None) -> dict[str, Tool]:
+    """The named built-in tools (``python`` runs code in ``sandbox``)."""
+    tools: dict[str, Tool] = {}
+    for name in names:
+        if name == "calculator":
+            tools[name] = CalculatorTool()
+        elif name == "python":
+            if sandbox is None:
+                raise ValueError("the python tool needs a sandbox")
+            tools[name] = PythonTool(sandbox)
+        else:
+            raise ValueError(f"there is no built-in tool {name!r}")
+    return tools
+
+
 def build_tools_environment(config: ToolsEnvironmentConfig | None, *,
                             ctx: RunContext | None = None) -> ToolsEnvironment:
-    """The ``tools`` environment; with the python tool its sandbox is tried first, and a
-    host that cannot confine as configured stops the run before it starts."""
+    """The ``tools`` environment; with the python tool run here its sandbox is tried first,
+    and a host that cannot confine as configured stops the run before it starts. Tools of
+    ``[environment.tools.remote]`` run on a reward service, checked now
+    (:mod:`~reasonctl.environments.remote_tools`)."""
     config = config or ToolsEnvironmentConfig()
+    remote = set(config.remote.tools) if config.remote is not None else set()
+    unknown = sorted(remote - set(config.tools))
+    if unknown:
+        raise ConfigError([f"environment.tools.remote.tools: {', '.join(unknown)} not in "
+                           f"environment.tools.tools ({', '.join(config.tools)})"])
+    local = [name for name in config.tools if name not in remote]
     sandbox = None
-    if "python" in config.tools:
+    if "python" in local:
         try:
             sandbox = Sandbox.checked(config.sandbox, where="environment.tools.sandbox")
         except SandboxUnavailableError as exc:
             raise ConfigError([f"environment.tools.sandbox: {exc}"]) from exc
-    return ToolsEnvironment(config, sandbox=sandbox)
+    tools = make_tools(local, sandbox)
+    if config.remote is not None:
+        from reasonctl.environments.remote_tools import remote_tools
+
+        tools.update(remote_tools(config.remote))
+    return ToolsEnvironment(config, tools={name: tools[name] for name in config.tools})
