@@ -209,6 +209,12 @@ def test_bad_calls_get_error_observations_and_the_episode_goes_on(qwen_tokenizer
     metrics = completion.episode.metrics
     assert (metrics["tool_calls"], metrics["tool_errors"], metrics["malformed_tool_calls"]) == \
         (4, 4, 1)
+    assert completion.episode.reward is None  # no penalty: no reward of its own
+    penalised = ToolsEnvironment(ToolsEnvironmentConfig(tools=["calculator"], error_penalty=0.25))
+    [[again]] = run_episodes(ScriptedEngine(qwen_tokenizer, turns), penalised, qwen_tokenizer,
+                             [sample], [_prompt(qwen_tokenizer, sample)],
+                             SamplingParams(n=1, max_new_tokens=400), EpisodeLimits(max_turns=3))
+    assert again.episode is not None and again.episode.reward == -1.0
 
 
 def test_turn_and_token_limits_end_episodes(qwen_tokenizer: Any) -> None:
