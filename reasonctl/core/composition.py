@@ -128,11 +128,12 @@ def compose(ctx: RunContext, needs: Needs) -> None:
     if needs.reference_model:
         build_reference_model(ctx)
     separate = ctx.config.rollout.placement == "separate"
+    if ctx.config.environment.name and (needs.rollout_engine or periodic_eval):
+        # before the engine: a sandbox this host cannot provide stops the run early; with
+        # separate workers the episodes run there, and here it describes the tools
+        ctx.environment = build_environment(ctx)
     if (needs.rollout_engine and not separate) or periodic_eval:
         ctx.engine = build_rollout_engine(ctx)
-    if ctx.config.environment.name and (needs.rollout_engine or periodic_eval):
-        # with separate workers the episodes run there; here it describes the tools
-        ctx.environment = build_environment(ctx)
     if needs.rollout_engine and separate:
         ctx.rollout_workers = build_rollout_workers(ctx)
     if periodic_eval:
