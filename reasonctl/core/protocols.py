@@ -64,9 +64,9 @@ class RunContext:
 
     The runner fills the parts in this order: ``backend`` (then ``backend.setup(ctx)``),
     ``model_source``, then what the algorithm's :class:`Needs` ask for: ``processor``,
-    ``dataset``, ``rewards``, the reference model (inside the backend), ``engine`` (or, with
-    ``rollout.placement = "separate"``, ``rollout_workers``) and ``environment`` (with
-    ``[environment] name``); and ``evaluator`` when
+    ``dataset``, ``rewards``, the reference model (inside the backend), ``environment``
+    (with ``[environment] name``), ``engine`` (or, with ``rollout.placement =
+    "separate"``, ``rollout_workers``); and ``evaluator`` when
     ``[eval]`` asks for periodic evaluation. A part the algorithm did not
     ask for is ``None``. Algorithms set ``total_steps`` in ``setup``; the runner advances
     ``step`` after each :meth:`Algorithm.step`.
