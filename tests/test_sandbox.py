@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -216,7 +215,6 @@ def test_a_host_without_user_namespaces_refuses_to_start(tmp_path: Path) -> None
 
 def test_a_killed_run_leaves_nothing_behind(sandbox: Sandbox) -> None:
     """Killing the starter (as the wall-clock limit does) takes the code's processes down."""
-    result = sandbox.run("import os, time\nfor _ in range(4):\n    os.fork()\ntime.sleep(60)")
+    result = sandbox.run("import os, time\nfor _ in range(2):\n    os.fork()\ntime.sleep(60)")
     assert result.timed_out and not result.ok
     assert _sandbox_processes() == []
-    assert signal.SIGKILL  # the trainer, this process, is still here to check
