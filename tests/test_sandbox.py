@@ -84,7 +84,7 @@ ATTACKS = {
         "    except OSError as exc:\n        print(path, exc)\n"
         "print(os.listdir('/proc/self/fd'))\nraise SystemExit(3)", ""),
     "fill the disk": ("import os\nfor i in range(100):\n"
-                      "    open(f'big{{i}}', 'wb').write(os.urandom(900 * 1024))", "No space"),
+                      "    open(f'big{{i}}', 'wb').write(bytes(900 * 1024))", "No space"),
 }
 
 
