@@ -49,9 +49,13 @@ from reasonctl.core.protocols import (
     ChecksAccess,
     ChecksUris,
     Closes,
+    ContinuesSequences,
     CountsSkippedRows,
     Dataset,
     DeclaresNeeds,
+    DeclaresTools,
+    Environment,
+    Episode,
     Evaluator,
     ExplainsScores,
     ForwardFn,
@@ -95,10 +99,12 @@ from reasonctl.core.types import (
     Completion,
     ContentPart,
     EncodedSample,
+    EpisodeSummary,
     Explanation,
     Message,
     Metrics,
     ModelSource,
+    Observation,
     PolicyBatch,
     RolloutGroup,
     Sample,
@@ -148,6 +154,7 @@ if TYPE_CHECKING:
     from reasonctl.data.datasets import ListDataset, shard
     from reasonctl.data.processing import ChatProcessor
     from reasonctl.data.prompting import layout_mcq
+    from reasonctl.environments.episodes import EpisodeLimits, run_episodes
     from reasonctl.evaluation.scoring import EvalReport, score_samples
     from reasonctl.models.loading import resolve_model_source
 
@@ -184,6 +191,9 @@ _LAZY: dict[str, str] = {
     "layout_mcq": "reasonctl.data.prompting",
     # the model's directories
     "resolve_model_source": "reasonctl.models.loading",
+    # multi-turn episodes
+    "EpisodeLimits": "reasonctl.environments.episodes",
+    "run_episodes": "reasonctl.environments.episodes",
     # evaluation
     "EvalReport": "reasonctl.evaluation.scoring",
     "score_samples": "reasonctl.evaluation.scoring",
@@ -223,12 +233,18 @@ __all__ = [
     "ComponentUnavailableError",
     "ConfigError",
     "ContentPart",
+    "ContinuesSequences",
     "CountsSkippedRows",
     "DataError",
     "Dataset",
     "DeclaresNeeds",
+    "DeclaresTools",
     "DuplicateComponentError",
     "EncodedSample",
+    "Environment",
+    "Episode",
+    "EpisodeLimits",
+    "EpisodeSummary",
     "EpochSampler",
     "EvalReport",
     "Evaluator",
@@ -247,6 +263,7 @@ __all__ = [
     "MissingDependencyError",
     "ModelSource",
     "Needs",
+    "Observation",
     "PluginHost",
     "PluginLoadError",
     "PolicyBatch",
@@ -275,8 +292,8 @@ __all__ = [
     "RunsForward",
     "RunsSharedPrompts",
     "Sample",
-    "ScoreReport",
     "SamplingParams",
+    "ScoreReport",
     "ScoresMedia",
     "SharesPolicyWeights",
     "Storage",
@@ -317,6 +334,7 @@ __all__ = [
     "reward_media_type",
     "reward_metrics",
     "run",
+    "run_episodes",
     "sample_groups",
     "sampling_params",
     "score",

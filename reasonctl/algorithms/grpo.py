@@ -350,7 +350,9 @@ class GRPO:
                 groups, out.pending = submit_groups(ctx, samples, encoded, completions)
             out.reward_seconds += time.perf_counter() - reward_started
             out.generate_seconds += reward_started - generate_started
-            out.generated_tokens += sum(len(c.token_ids) for g in groups for c in g.completions)
+            out.generated_tokens += sum(  # an episode's observation tokens were not generated
+                len(c.token_ids) if c.loss_mask is None else sum(c.loss_mask)
+                for g in groups for c in g.completions)
             first = len(out.groups)
             out.groups += groups
             new = range(first, len(out.groups))

@@ -75,7 +75,8 @@ def policy_rows(
     ``advantages`` holds one value per completion (groups concatenated). Each group must
     carry its encoded prompt (``group.prompt``, set by :func:`reasonctl.sample_groups`).
     With ``mask_truncated`` completions cut at ``max_new_tokens`` carry no loss (DAPO's
-    overlong filtering).
+    overlong filtering). Tokens a multi-turn environment appended (``completion.loss_mask``
+    0: observations) never carry loss.
     """
     count = sum(len(g.completions) for g in groups)
     if len(advantages) != count:
@@ -95,7 +96,8 @@ def policy_rows(
             group.advantages.append(advantage)
             carries_loss = not (mask_truncated and completion.finish_reason == "length")
             ids = list(prompt.input_ids) + list(completion.token_ids)
-            mask = [0] * len(prompt.input_ids) + [int(carries_loss)] * len(completion.token_ids)
+            mask = [0] * len(prompt.input_ids) + [int(carries_loss) * m
+                                                  for m in generated_mask(completion)]
             encoded = EncodedSample(ids, mask, _extend_per_token(prompt.extras, len(ids)),
                                     num_prompt_tokens=len(prompt.input_ids))
             rows.append(PolicyRow(index, encoded, len(prompt.input_ids), completion, advantage))
@@ -103,8 +105,9 @@ def policy_rows(
 
 
 def collate_policy_rows(rows: Sequence[PolicyRow], pad_id: int) -> PolicyBatch:
-    """Pad rows into a :class:`PolicyBatch` (``advantages``, ``completion_mask``,
-    ``engine_logprobs``, and ``old_logprobs``/``ref_logprobs`` when every row has them).
+    """Pad rows into a :class:`PolicyBatch` (``advantages``, ``completion_mask``: 1 on the
+    tokens the policy generated, ``engine_logprobs``, and ``old_logprobs``/``ref_logprobs``
+    when every row has them).
 
     Rows of one prompt share its vision inputs: they are in the batch once, and the
     backend runs the vision tower once per prompt
@@ -236,11 +239,23 @@ def _add_row_tensors(batch: Any, rows: Sequence[PolicyRow], width: int) -> None:
     batch["engine_logprobs"] = aligned(
         rows, [torch.tensor(r.completion.logprobs) for r in rows], width
     )
-    batch["completion_mask"] = aligned(rows, [1.0] * len(rows), width)
+    batch["completion_mask"] = aligned(
+        rows, [torch.tensor(generated_mask(r.completion), dtype=torch.float32) for r in rows],
+        width)
     for key in ("old_logprobs", "ref_logprobs"):
         values = [getattr(r, key) for r in rows]
         if all(v is not None for v in values):
             batch[key] = aligned(rows, values, width)
+
+
+def generated_mask(completion: Completion) -> list[int]:
+    """1 for each token the policy generated, 0 for tokens an environment appended."""
+    if completion.loss_mask is None:
+        return [1] * len(completion.token_ids)
+    if len(completion.loss_mask) != len(completion.token_ids):
+        raise ValueError(f"a completion has {len(completion.token_ids)} tokens but a loss mask "
+                         f"of {len(completion.loss_mask)}")
+    return [int(m) for m in completion.loss_mask]
 
 
 def aligned(rows: Sequence[PolicyRow], values: Sequence[Any], width: int) -> torch.Tensor:

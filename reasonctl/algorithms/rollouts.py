@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from reasonctl.core.errors import ReasonctlError
 from reasonctl.core.protocols import (
     changed_state_dict,
+    environment_tools,
     shares_policy_weights,
     updates_changed_weights,
 )
@@ -142,6 +143,8 @@ def encode_prompts(
     A prompt that cannot be encoded (an unreadable image or video, more tokens than
     ``model.max_length`` around images or videos) raises, unless ``data.on_bad_row =
     "skip"``: then it is recorded (:meth:`RunContext.record_skipped_row`) and left out.
+    The tools of the run's environment (:class:`~reasonctl.core.protocols.DeclaresTools`)
+    are given to the chat template.
     """
     from reasonctl.core.errors import DataError
     from reasonctl.data.rows import split_problem, stopping_error
@@ -149,11 +152,12 @@ def encode_prompts(
     processor = ctx.processor
     if processor is None:
         raise ReasonctlError("encoding prompts needs the run's processor (Needs(processor=True))")
+    tools = environment_tools(ctx.environment)
     kept: list[Sample] = []
     encoded: list[EncodedSample] = []
     for sample in samples:
         try:
-            encoded.append(processor.encode_prompt(sample, mcq_layout=mcq_layout))
+            encoded.append(processor.encode_prompt(sample, mcq_layout=mcq_layout, tools=tools))
         except DataError as exc:
             if ctx.config.data.on_bad_row != "skip":
                 raise stopping_error(exc) from exc
@@ -176,6 +180,8 @@ def generate_completions(
 
     ``encoded`` gives the prompts already encoded (one per sample, e.g. by
     :func:`encode_prompts`); otherwise every sample is encoded here and a bad one raises.
+    With an environment (``ctx.environment``) each completion is a whole multi-turn
+    episode (:func:`reasonctl.run_episodes`).
     """
     processor, engine, rewards = ctx.processor, ctx.engine, ctx.rewards
     if processor is None or engine is None or rewards is None:
@@ -186,7 +192,9 @@ def generate_completions(
             "reasonctl.Needs(rollout_engine=True, rewards=True) from the algorithm's needs()"
         )
     if encoded is None:
-        encoded = [processor.encode_prompt(s, mcq_layout=mcq_layout) for s in samples]
+        tools = environment_tools(ctx.environment)
+        encoded = [processor.encode_prompt(s, mcq_layout=mcq_layout, tools=tools)
+                   for s in samples]
     elif len(encoded) != len(samples):
         raise ValueError(f"generate_completions got {len(encoded)} encoded prompts for "
                          f"{len(samples)} samples")
@@ -194,7 +202,12 @@ def generate_completions(
     if not encoded:
         return [], []
     params = params or sampling_params(ctx.config, seed=seed, processor=processor)
-    return encoded, engine.generate([e.as_prompt() for e in encoded], params)
+    prompts = [e.as_prompt() for e in encoded]
+    if ctx.environment is not None:
+        from reasonctl.environments.episodes import episodes_for_run
+
+        return encoded, episodes_for_run(ctx, list(samples), prompts, params)
+    return encoded, engine.generate(prompts, params)
 
 
 def score_groups(
@@ -235,12 +248,25 @@ def collect_groups(ctx: RunContext, groups: Sequence[RolloutGroup],
     assert ctx.rewards is not None
     scores = ctx.rewards.collect(pending)
     offset = 0
+    weight = ctx.config.environment.reward_weight
     for group in groups:
         end = offset + len(group.completions)
         group.rewards = scores.totals[offset:end]
         group.reward_components = {k: v[offset:end] for k, v in
                                    {**scores.components, **scores.parts}.items()}
         offset = end
+        _add_environment_rewards(group, weight)
+
+
+def _add_environment_rewards(group: RolloutGroup, weight: float) -> None:
+    """Episodes' own rewards as the ``environment`` component, ``weight`` times each in the
+    total (nothing when no episode of the group has one)."""
+    rewards = [c.episode.reward if c.episode is not None else None for c in group.completions]
+    if all(r is None for r in rewards):
+        return
+    group.reward_components["environment"] = rewards
+    group.rewards = [total + weight * (r or 0.0) for total, r in zip(group.rewards, rewards,
+                                                                     strict=True)]
 
 
 def has_variance(rewards: Sequence[float]) -> bool:
@@ -266,13 +292,27 @@ def reward_metrics(groups: Sequence[RolloutGroup]) -> Metrics:
     return metrics
 
 
+def episode_metrics(completions: Sequence[Completion]) -> Metrics:
+    """``env/<metric>``: the mean over multi-turn episodes of each of their metrics
+    (turns, tool calls, tool errors, tool seconds ...); empty without episodes."""
+    summaries = [c.episode for c in completions if c.episode is not None]
+    if not summaries:
+        return {}
+    keys = sorted({k for s in summaries for k in s.metrics})
+    out = {f"env/{k}": statistics.fmean(s.metrics.get(k, 0.0) for s in summaries) for k in keys}
+    out["env/truncated_frac"] = statistics.fmean(
+        1.0 if c.finish_reason == "length" else 0.0 for c in completions if c.episode)
+    return out
+
+
 def completion_metrics(groups: Sequence[RolloutGroup]) -> Metrics:
-    """Lengths, truncation and zero-variance shares of the sampled completions."""
+    """Lengths, truncation and zero-variance shares of the sampled completions, and the
+    episodes' ``env/...`` metrics (:func:`episode_metrics`)."""
     completions = [c for g in groups for c in g.completions]
     lengths = [len(c.token_ids) for c in completions]
     if not lengths:
         return {}
-    return {
+    return episode_metrics(completions) | {
         "response_length/mean": statistics.fmean(lengths),
         "response_length/max": float(max(lengths)),
         "response_length/truncated_frac": statistics.fmean(

@@ -34,6 +34,7 @@ from reasonctl.algorithms.rollouts import mix_seed, score_groups
 from reasonctl.async_rl.messages import PromptBatch, RolloutBatch, WeightVersion, group_ids
 from reasonctl.async_rl.weight_sync import wire_nbytes
 from reasonctl.core.errors import ReasonctlError
+from reasonctl.core.protocols import environment_tools
 from reasonctl.data.datasets import shard
 from reasonctl.models.loading import compute_dtype
 
@@ -196,19 +197,25 @@ class RolloutFeed:
             del self.items[step]
 
     def _publish(self, ctx: RunContext, step: int, attempt: int = 0) -> None:
+        assert ctx.dataset is not None
+        # episodes of an environment start from the samples themselves
+        samples = [ctx.dataset[i].to_dict() for i in self.items[step]] \
+            if ctx.environment is not None else []
         batch = PromptBatch(step=step, rank=self.rank, seed=mix_seed(self.run_seed, step, 0,
                                                                        self.rank),
                             indices=self.items[step],
                             prompts=[e.as_prompt() for e in self._encoded(ctx, step)],
-                            attempt=attempt)
+                            attempt=attempt, samples=samples)
         self.transport.publish_prompts(batch.to_fields())
 
     def _encoded(self, ctx: RunContext, step: int) -> list[Any]:
         """This rank's encoded prompts of ``step`` (encoded once, until trained)."""
         assert ctx.processor is not None and ctx.dataset is not None
         if step not in self.encoded:
+            tools = environment_tools(ctx.environment)
             self.encoded[step] = [
-                ctx.processor.encode_prompt(ctx.dataset[i], mcq_layout=self.mcq_layout)
+                ctx.processor.encode_prompt(ctx.dataset[i], mcq_layout=self.mcq_layout,
+                                            tools=tools)
                 for i in self.items[step]]
         return self.encoded[step]
 

@@ -12,12 +12,12 @@ code: JSON, raw arrays and safetensors only.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from reasonctl.core.types import Completion
+from reasonctl.core.types import Completion, EpisodeSummary
 
 Fields = dict[str, bytes]
 
@@ -56,6 +56,9 @@ class PromptBatch:
     prompts: list[dict[str, Any]]
     """``EncodedSample.as_prompt()`` of each prompt: ``input_ids`` plus vision tensors."""
     attempt: int = 0
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    """With an ``[environment]``: each prompt's sample (``Sample.to_dict()``), which the
+    worker's episodes start from; empty otherwise."""
 
     @property
     def batch_id(self) -> str:
@@ -80,7 +83,7 @@ class PromptBatch:
                 tensors[f"{i}.{name}"] = prompt[name].detach().cpu().contiguous()
             extras.append(names)
         meta = {"step": self.step, "rank": self.rank, "seed": self.seed, "attempt": self.attempt,
-                "indices": self.indices, "extras": extras}
+                "indices": self.indices, "extras": extras, "samples": self.samples}
         return {"meta": json.dumps(meta).encode(), "prompts": save(tensors)}
 
     @classmethod
@@ -97,7 +100,7 @@ class PromptBatch:
             prompts.append(prompt)
         return cls(step=int(meta["step"]), rank=int(meta["rank"]), seed=int(meta["seed"]),
                    indices=[int(i) for i in meta["indices"]], prompts=prompts,
-                   attempt=int(meta["attempt"]))
+                   attempt=int(meta["attempt"]), samples=list(meta.get("samples") or []))
 
 
 @dataclass
@@ -127,8 +130,11 @@ class RolloutBatch:
         return sum(len(c.token_ids) for group in self.completions for c in group)
 
     def to_fields(self) -> Fields:
-        """Stream fields: ``meta`` (JSON), ``token_ids`` (int32) and ``logprobs`` (float32)."""
+        """Stream fields: ``meta`` (JSON), ``token_ids`` (int32) and ``logprobs`` (float32);
+        for episodes of an environment also ``loss_masks`` (uint8, aligned with the token ids)
+        and each episode's summary in ``meta``."""
         flat = [c for group in self.completions for c in group]
+        episodic = any(c.episode is not None or c.loss_mask is not None for c in flat)
         meta = {
             "step": self.step, "rank": self.rank, "attempt": self.attempt,
             "version": self.version.as_text(), "worker": self.worker,
@@ -141,8 +147,14 @@ class RolloutBatch:
         }
         ids = np.fromiter((t for c in flat for t in c.token_ids), dtype="<i4")
         logprobs = np.fromiter((v for c in flat for v in c.logprobs), dtype="<f4")
-        return {"meta": json.dumps(meta).encode(), "token_ids": ids.tobytes(),
-                "logprobs": logprobs.tobytes()}
+        fields = {"token_ids": ids.tobytes(), "logprobs": logprobs.tobytes()}
+        if episodic:
+            meta["episodes"] = [asdict(c.episode) if c.episode is not None else None
+                                for c in flat]
+            fields["loss_masks"] = np.fromiter(
+                (m for c in flat for m in (c.loss_mask or [1] * len(c.token_ids))),
+                dtype="u1").tobytes()
+        return {"meta": json.dumps(meta).encode(), **fields}
 
     @classmethod
     def from_fields(cls, fields: Fields) -> RolloutBatch:
@@ -150,15 +162,22 @@ class RolloutBatch:
         meta = json.loads(fields["meta"])
         ids = np.frombuffer(fields["token_ids"], dtype="<i4")
         logprobs = np.frombuffer(fields["logprobs"], dtype="<f4")
+        masks = np.frombuffer(fields["loss_masks"], dtype="u1") if "loss_masks" in fields \
+            else None
+        episodes = meta.get("episodes") or [None] * len(meta["lengths"])
         flat: list[Completion] = []
         offset = 0
-        for length, text, finish in zip(meta["lengths"], meta["texts"], meta["finish"],
-                                        strict=True):
+        for length, text, finish, episode in zip(meta["lengths"], meta["texts"], meta["finish"],
+                                                 episodes, strict=True):
             end = offset + int(length)
-            flat.append(Completion(text=text, token_ids=ids[offset:end].tolist(),
-                                   logprobs=logprobs[offset:end].tolist(), finish_reason=finish))
+            flat.append(Completion(
+                text=text, token_ids=ids[offset:end].tolist(),
+                logprobs=logprobs[offset:end].tolist(), finish_reason=finish,
+                loss_mask=masks[offset:end].tolist() if masks is not None else None,
+                episode=EpisodeSummary(**episode) if episode is not None else None))
             offset = end
-        if offset != len(ids) or len(ids) != len(logprobs):
+        if offset != len(ids) or len(ids) != len(logprobs) or (
+                masks is not None and len(masks) != len(ids)):
             raise ValueError("a rollout entry's token arrays do not match its lengths")
         completions: list[list[Completion]] = []
         start = 0

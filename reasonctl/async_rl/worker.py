@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from reasonctl.core.config import RunConfig
     from reasonctl.core.plugins import PluginHost
 
-WORKER_SECTIONS = ("run", "model", "backend", "rollout", "storage")
+WORKER_SECTIONS = ("run", "model", "backend", "rollout", "environment", "storage")
 """The parts of the run's config a worker uses (the trainer alone reads data and scores)."""
 
 
@@ -99,7 +99,11 @@ class RolloutWorker:
              connect_timeout_s: float = 10.0) -> RolloutWorker:
         """Connect to run ``run_id`` at ``url`` and build the engine on ``device``."""
         from reasonctl.models.loading import ensure_model_source
-        from reasonctl.runtime.composition import build_processor, build_rollout_engine
+        from reasonctl.runtime.composition import (
+            build_environment,
+            build_processor,
+            build_rollout_engine,
+        )
 
         try:  # before anything is loaded
             resolve_device(device)
@@ -124,6 +128,8 @@ class RolloutWorker:
             torch.cuda.set_device(target)
         ensure_model_source(ctx)
         ctx.processor = build_processor(ctx)  # the tokens a rollout never samples
+        if config.environment.name:  # episodes (and their tools) run here
+            ctx.environment = build_environment(ctx)
         engine = build_rollout_engine(ctx)
         return cls(transport, ctx, engine, name=name or default_name())
 
@@ -201,7 +207,7 @@ class RolloutWorker:
             started = time.perf_counter()
             params = sampling_params(self.ctx.config, seed=batch.seed,
                                      processor=self.ctx.processor)
-            completions = self.engine.generate(batch.prompts, params)
+            completions = self._rollouts(batch, params)
             result = RolloutBatch(step=batch.step, rank=batch.rank, attempt=batch.attempt,
                                   version=self.version, worker=self.name,
                                   completions=completions, deliveries=entry.deliveries,
@@ -219,6 +225,22 @@ class RolloutWorker:
             self.transport.record_error(entry.id, text)
         finally:
             self.current = None
+
+    def _rollouts(self, batch: PromptBatch, params: Any) -> list[list[Any]]:
+        """``rollout.n`` completions per prompt, or episodes of the run's environment."""
+        if self.ctx.environment is None:
+            return self.engine.generate(batch.prompts, params)
+        from reasonctl.core.types import Sample
+        from reasonctl.environments.episodes import episode_limits, run_episodes
+
+        if len(batch.samples) != len(batch.prompts):
+            raise ReasonctlError(f"prompt batch {batch.batch_id} carries no samples for its "
+                                 "episodes; the trainer and this worker disagree on "
+                                 "[environment]")
+        assert self.ctx.processor is not None
+        return run_episodes(self.engine, self.ctx.environment, self.ctx.processor.tokenizer,
+                            [Sample.from_dict(s) for s in batch.samples], batch.prompts,
+                            params, episode_limits(self.ctx.config))
 
     def _sync(self) -> float:
         """Fetch the newest staged weights unless this worker has them; milliseconds."""

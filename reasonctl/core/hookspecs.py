@@ -14,7 +14,8 @@ component records its owner. Its signature is::
 
 ``config_model`` is a pydantic model; its fields become the typed config section of the
 component (``[algorithm.<name>]``, ``[backend.<name>]``, ``[data.<name>]``,
-``[rollout.<name>]``, ``[logging.<name>]``, ``[storage.<name>]``, or the extra keys of a
+``[rollout.<name>]``, ``[logging.<name>]``, ``[storage.<name>]``,
+``[environment.<name>]``, or the extra keys of a
 ``[[rewards.components]]`` entry); unknown keys are rejected even when the model allows
 extras. ``description`` defaults to the first line of the factory's docstring.
 
@@ -127,6 +128,21 @@ def register_loggers(register: Registrar) -> None:
 
     The factory takes ``ctx`` (for ``ctx.output_dir`` and the config) and returns a
     :class:`~reasonctl.core.protocols.Logger`; loggers are built on the main rank only.
+    """
+
+
+@hookspec
+def register_environments(register: Registrar) -> None:
+    """Register environments for multi-turn episodes with tools (``[environment] name``).
+
+    The factory returns an :class:`~reasonctl.core.protocols.Environment`; its
+    ``config_model`` is validated under ``[environment.<name>]``. For each completion it
+    samples, a rollout starts an episode (``environment.start(sample)``); the policy
+    generates until its turn ends, the episode answers with an observation whose tokens
+    are appended to the same sequence without loss, until the episode is done or
+    ``environment.max_turns`` is reached. Example::
+
+        register("shell_game", ShellGame, config_model=ShellGameConfig)
     """
 
 

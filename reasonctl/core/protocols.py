@@ -41,6 +41,7 @@ from reasonctl.core.types import (
     Explanation,
     Metrics,
     ModelSource,
+    Observation,
     PolicyBatch,
     Sample,
     SamplingParams,
@@ -65,8 +66,9 @@ class RunContext:
 
     The runner fills the parts in this order: ``backend`` (then ``backend.setup(ctx)``),
     ``model_source``, then what the algorithm's :class:`Needs` ask for: ``processor``,
-    ``dataset``, ``rewards``, the reference model (inside the backend), ``engine`` (or, with
-    ``rollout.placement = "separate"``, ``rollout_workers``); and ``evaluator`` when
+    ``dataset``, ``rewards``, the reference model (inside the backend), ``environment``
+    (with ``[environment] name``), ``engine`` (or, with ``rollout.placement =
+    "separate"``, ``rollout_workers``); and ``evaluator`` when
     ``[eval]`` asks for periodic evaluation. A part the algorithm did not
     ask for is ``None``. Algorithms set ``total_steps`` in ``setup``; the runner advances
     ``step`` after each :meth:`Algorithm.step`.
@@ -88,6 +90,9 @@ class RunContext:
     dataset: Dataset | StreamsSamples | None = None
     rewards: RewardScorer | None = None
     engine: RolloutEngine | None = None
+    environment: Environment | None = None
+    """With ``[environment] name``: the environment rollouts run their episodes in (built
+    for algorithms that need a rollout engine, and for periodic evaluation)."""
     evaluator: Evaluator | None = None
     rollout_workers: Any = None
     """With ``rollout.placement = "separate"``: the run's connection to its rollout workers
@@ -424,8 +429,10 @@ class Processor(Protocol):
         """The whole conversation, with the assistant turns as training targets."""
         ...
 
-    def encode_prompt(self, sample: Sample, *, mcq_layout: bool = True) -> EncodedSample:
-        """The prompt with the generation prompt appended (no targets), options lettered."""
+    def encode_prompt(self, sample: Sample, *, mcq_layout: bool = True,
+                      tools: Sequence[dict[str, Any]] | None = None) -> EncodedSample:
+        """The prompt with the generation prompt appended (no targets), options lettered;
+        ``tools`` (JSON schemas) are given to the chat template, which describes them."""
         ...
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
@@ -730,6 +737,80 @@ class StreamsText(Protocol):
 
 
 @runtime_checkable
+class ContinuesSequences(Protocol):
+    """Optional for engines: generate the next turn of sequences the engine generated in
+    its previous call, reusing what it computed for them (default: :meth:`generate` on the
+    whole sequence again).
+
+    Multi-turn episodes call it for every turn after the first: each prompt is a sequence
+    of the previous call (generate or generate_continuation), its generated tokens and an
+    observation. The weights have not changed since that call. An engine that kept the
+    keys and values of such a sequence computes only those of the new tokens; any other
+    prompt is generated as by :meth:`RolloutEngine.generate`, which the results equal.
+    """
+
+    def generate_continuation(self, prompts: Sequence[dict[str, Any]], params: SamplingParams
+                              ) -> list[list[Completion]]:
+        """:meth:`RolloutEngine.generate` for prompts that may extend earlier sequences."""
+        ...
+
+
+@runtime_checkable
+class Episode(Protocol):
+    """One episode of an :class:`Environment`: the policy's turns in, observations out.
+
+    The episode runner (:func:`reasonctl.run_episodes`) calls :meth:`step` after each turn
+    of the policy with that turn's text; the :class:`~reasonctl.core.types.Observation` it
+    returns is appended to the sequence (masked out of the loss), and the policy generates
+    the next turn, until the observation says ``done``, the policy runs out of turns
+    (``environment.max_turns``) or tokens. Then :meth:`reward` and :meth:`metrics` are read
+    once. ``step`` must not raise for bad input from the policy (a malformed tool call is
+    an observation saying what is wrong); an exception is a bug of the environment and
+    stops the run.
+    """
+
+    def step(self, turn: str) -> Observation:
+        """Answer the policy's ``turn`` (its text, special tokens removed)."""
+        ...
+
+    def reward(self) -> float | None:
+        """The environment's score of the finished episode, ``None`` for none. It is added
+        to the run's rewards with weight ``environment.reward_weight``."""
+        ...
+
+    def metrics(self) -> Metrics:
+        """Per-episode counts (e.g. ``tool_calls``, ``tool_errors``, ``tool_seconds``),
+        averaged over episodes into ``env/<name>`` metrics."""
+        ...
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """Multi-turn episodes with tools (``[environment] name``): for each sampled
+    completion the rollout starts an episode on its sample.
+
+    Sandboxes and tool processes belong to the environment (or a service it calls), never
+    to the trainer process. An environment that holds processes or threads releases them
+    in ``close`` (:class:`Closes`).
+    """
+
+    def start(self, sample: Sample) -> Episode:
+        """A new episode answering ``sample``'s prompt."""
+        ...
+
+
+@runtime_checkable
+class DeclaresTools(Protocol):
+    """Optional for environments: the tools the policy may call, as JSON schemas (the
+    ``tools`` argument of ``tokenizer.apply_chat_template``) that prompts are encoded with,
+    so the chat template describes them (default: prompts are encoded without tools)."""
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """One ``{"type": "function", "function": {...}}`` schema per tool."""
+        ...
+
+
+@runtime_checkable
 class Evaluator(Protocol):
     """Periodic evaluation the runner performs every ``eval.every_steps`` steps."""
 
@@ -819,6 +900,7 @@ PROTOCOLS: dict[str, type | tuple[type, ...]] = {
     "storage": Storage,
     "rollout_engine": RolloutEngine,
     "logger": Logger,
+    "environment": Environment,
 }
 """Component kind -> the Protocol every built component of that kind must satisfy (or
 the Protocols one of which it must satisfy)."""
@@ -893,6 +975,22 @@ def shared_prompt_problem(backend: Backend) -> str | None:
     return f"backend {type(backend).__name__} runs padded rows only"
 
 
+def environment_tools(environment: Environment | None) -> list[dict[str, Any]] | None:
+    """The tool schemas ``environment`` declares (:class:`DeclaresTools`), else ``None``."""
+    if isinstance(environment, DeclaresTools):
+        return list(environment.tool_schemas())
+    return None
+
+
+def generate_continuation(engine: RolloutEngine, prompts: Sequence[dict[str, Any]],
+                          params: SamplingParams) -> list[list[Completion]]:
+    """The next turn of earlier sequences: the engine's :class:`ContinuesSequences` method,
+    else :meth:`RolloutEngine.generate` (the default)."""
+    if isinstance(engine, ContinuesSequences):
+        return engine.generate_continuation(prompts, params)
+    return engine.generate(prompts, params)
+
+
 def generation_model(backend: Backend) -> Any:
     """The backend's live unsharded policy module, or ``None`` (the default)."""
     return backend.generation_model if isinstance(backend, ProvidesGenerationModel) else None
@@ -905,9 +1003,13 @@ __all__ = [
     "ChecksAccess",
     "ChecksUris",
     "Closes",
+    "ContinuesSequences",
     "CountsSkippedRows",
     "Dataset",
     "DeclaresNeeds",
+    "DeclaresTools",
+    "Environment",
+    "Episode",
     "Evaluator",
     "ExplainsScores",
     "ForwardFn",
@@ -942,6 +1044,8 @@ __all__ = [
     "algorithm_needs",
     "changed_state_dict",
     "check_storage_access",
+    "environment_tools",
+    "generate_continuation",
     "generation_model",
     "shared_prompt_problem",
     "reward_media_type",

@@ -36,6 +36,7 @@ KINDS: dict[str, str] = {
     "storage": "register_storage",
     "rollout_engine": "register_rollout_engines",
     "logger": "register_loggers",
+    "environment": "register_environments",
 }
 """Component kind -> the hook that registers it."""
 

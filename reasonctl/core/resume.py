@@ -2,11 +2,11 @@
 
 Every checkpoint's manifest records the run's config (secrets redacted). On resume the
 settings that decide what is trained are compared with the new config: ``model``,
-``data``, ``train``, ``algorithm``, ``rewards`` and the sampling keys of ``rollout``
-(not the engine or its options). Keys that change how, not what, is computed
-(:data:`NOT_COMPARED`), the run's length (:data:`RUN_LENGTH`, reported) and the sections
-of the run's place and outputs (``run``, ``checkpoint``, ``logging``, ``eval``,
-``storage``) may change freely; so may the backend and the number of processes, since
+``data``, ``train``, ``algorithm``, ``rewards``, ``environment`` (when one is set) and the
+sampling keys of ``rollout`` (not the engine or its options). Keys that change how, not
+what, is computed (:data:`NOT_COMPARED`), the run's length (:data:`RUN_LENGTH`, reported)
+and the sections of the run's place and outputs (``run``, ``checkpoint``, ``logging``,
+``eval``, ``storage``) may change freely; so may the backend and the number of processes, since
 checkpoints are resharded on load (the backend checks the tensors themselves and names
 any that do not fit).
 
@@ -36,7 +36,8 @@ from reasonctl.core.config import (
 from reasonctl.core.config.schema import field_name
 from reasonctl.core.errors import ConfigError, UsageError
 
-COMPARED_SECTIONS = ("model", "data", "train", "algorithm", "rollout", "rewards")
+COMPARED_SECTIONS = ("model", "data", "train", "algorithm", "rollout", "rewards",
+                     "environment")
 NOT_COMPARED = frozenset({
     "model.attention", "model.gradient_checkpointing", "model.lora.export", "train.compile",
     "train.on_nonfinite",
@@ -82,6 +83,8 @@ def compared_view(record: dict[str, Any]) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for section in COMPARED_SECTIONS:
         value = record.get(section)
+        if isinstance(value, dict) and section == "environment" and value.get("name") is None:
+            continue  # single-turn rollouts: nothing of the section applies
         if isinstance(value, dict) and section == "rollout":
             value = {k: v for k, v in value.items() if k in ROLLOUT_SAMPLING}
         elif isinstance(value, dict) and section in SELECTORS:

@@ -95,6 +95,40 @@ class Sample:
             "source": self.source,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Sample:
+        """The sample :meth:`to_dict` returned (e.g. sent to a rollout worker)."""
+        messages = [Message(m["role"], [ContentPart(**part) for part in m["content"]])
+                    for m in data["messages"]]
+        return cls(messages, data.get("reference"), dict(data.get("meta") or {}),
+                   str(data.get("source", "")))
+
+
+@dataclass
+class Observation:
+    """What an environment answers to one turn of the policy (see
+    :class:`~reasonctl.core.protocols.Episode`).
+
+    ``messages`` (tool results as role ``tool``, or ``user`` turns) are rendered with the
+    model's chat template after the policy's turn, followed by the generation prompt of the
+    next assistant turn; their tokens are appended to the sequence and carry no loss. With
+    ``done`` the episode ends after this turn and ``messages`` are not appended.
+    """
+
+    messages: list[Message] = field(default_factory=list)
+    done: bool = False
+
+
+@dataclass
+class EpisodeSummary:
+    """How a multi-turn episode went: the policy's ``turns``, the environment's ``reward``
+    (``None``: it has none) and per-episode ``metrics`` (``turns``, ``tool_calls``,
+    ``tool_errors``, ``tool_seconds``, ``observation_tokens`` ...)."""
+
+    turns: int
+    reward: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
 
 @dataclass
 class Completion:
@@ -102,12 +136,21 @@ class Completion:
 
     ``token_ids`` are the generated tokens (prompt excluded); ``logprobs`` the per-token
     log-probabilities under the sampling policy (after temperature), one per token.
+
+    A completion of a multi-turn episode (an ``[environment]``) holds every turn and the
+    environment's observations between them, in one sequence: ``loss_mask`` is 1 on the
+    tokens the policy generated and 0 on observation tokens (whose ``logprobs`` entries are
+    0: the engine did not sample them), ``text`` is the policy's last turn (what rewards
+    judge) and ``episode`` tells how the episode went. ``loss_mask`` is ``None`` when every
+    token was generated.
     """
 
     text: str
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: Literal["stop", "length"] = "stop"
+    loss_mask: list[int] | None = None
+    episode: EpisodeSummary | None = None
 
 
 @dataclass(frozen=True)
@@ -259,7 +302,8 @@ class PolicyBatch(TrainBatch, total=False):
 
     Per-token tensors are ``[B, T-1]``, aligned with the backend's log-probs (position ``t``
     scores token ``t + 1``) and zero outside each row's completion: ``completion_mask`` (1 on
-    completion tokens, whether or not they carry loss), ``engine_logprobs`` (the rollout engine's
+    completion tokens the policy generated, whether or not they carry loss; 0 on the
+    observation tokens of a multi-turn environment), ``engine_logprobs`` (the rollout engine's
     log-probs of the sampled tokens), and, when computed, ``old_logprobs`` (the policy before the
     update) and ``ref_logprobs`` (the reference model). ``advantages`` is ``[B]``, one per row.
     ``loss_mask`` is 1 on completion tokens that carry loss (prompt tokens never do).

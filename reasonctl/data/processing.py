@@ -194,7 +194,8 @@ class ChatProcessor:
                 )
         return EncodedSample(ids, mask, self._with_token_types(ids, extras), truncated, 0)
 
-    def encode_prompt(self, sample: Sample, *, mcq_layout: bool = True) -> EncodedSample:
+    def encode_prompt(self, sample: Sample, *, mcq_layout: bool = True,
+                      tools: Sequence[dict[str, Any]] | None = None) -> EncodedSample:
         """Tokenize the prompt (trailing assistant turns dropped) plus the generation prompt.
 
         With ``mcq_layout`` a multiple-choice sample (options in ``meta`` or ``qa_pairs``) gets
@@ -202,14 +203,15 @@ class ChatProcessor:
         (:func:`reasonctl.data.prompting.layout_mcq`), as the ``choice`` reward and the
         evaluation expect. No token is a target. A prompt longer than ``max_length`` keeps its
         last ``max_length`` tokens (so the generation prompt survives) and is flagged
-        ``truncated``.
+        ``truncated``. ``tools`` (JSON schemas of the tools a multi-turn environment offers)
+        are given to the chat template, which describes them (Qwen: in the system turn).
         """
         if mcq_layout:
             sample = layout_mcq(sample)
         messages = self._with_system_prompt(sample.prompt_messages())
         if not messages:
             raise DataError(f"{_where(sample)}: the prompt is empty (no non-assistant message)")
-        text = self._render(messages, add_generation_prompt=True, sample=sample)
+        text = self._render(messages, add_generation_prompt=True, sample=sample, tools=tools)
         ids, mask = self._tokenize(text, [])
         ids, mask, extras = self._expand_media(messages, ids, mask, sample)
         truncated = len(ids) > self.max_length
@@ -263,12 +265,14 @@ class ChatProcessor:
         return out
 
     def _render(
-        self, messages: Sequence[Message], *, add_generation_prompt: bool, sample: Sample
+        self, messages: Sequence[Message], *, add_generation_prompt: bool, sample: Sample,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> str:
         return self.tokenizer.apply_chat_template(
             self._template_messages(messages, sample),
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
+            **({"tools": list(tools)} if tools else {}),
         )
 
     def _assistant_spans(

@@ -85,6 +85,7 @@ def run_benchmarks(
 ) -> BenchmarkReport:
     """Evaluate ``model`` (default ``model.name_or_path``) on every ``[[eval.datasets]]``
     benchmark (see the module docstring) and return the report."""
+    from reasonctl.environments.episodes import episode_limits
     from reasonctl.evaluation.standalone import evaluation_context
 
     entries = config.eval.datasets
@@ -124,7 +125,10 @@ def run_benchmarks(
             chunk_params = replace(params, seed=mix_seed(base_seed, chunk[0]))
             generated = score_samples(engine, ctx.processor, [samples[i] for i in chunk],
                                       answer_format=answer_format, params=chunk_params,
-                                      default_source=entry.name, scorer=scorer)
+                                      default_source=entry.name, scorer=scorer,
+                                      environment=ctx.environment,
+                                      limits=episode_limits(config)
+                                      if ctx.environment is not None else None)
             for i, prediction in zip(chunk, generated.predictions, strict=True):
                 by_index[i] = prediction
                 _write_json(folder / f"{i:06d}.json", {
@@ -165,6 +169,7 @@ def _settings(config: RunConfig, entry: EvalDataset, model: str, params: Any) ->
         "max_pixels": entry.max_pixels or config.eval.max_pixels,
         "system_prompt": config.data.system_prompt,
         "prompt_template": config.data.prompt_template,
+        **({"environment": config.to_dict()["environment"]} if config.environment.name else {}),
     }
 
 
@@ -203,7 +208,7 @@ def _rejudged(record: dict[str, Any], sample: Sample, scorer: AnswerScorer) -> P
         extracted=judgement.answer, reference=judged.reference,
         correct=judgement.score == 1.0, source=record.get("source", ""),
         finish_reason=record.get("finish_reason", "stop"), sample=sample.source, reward=reward,
-        reason=judgement.reason,
+        reason=judgement.reason, episode=dict(record.get("episode") or {}),
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from reasonctl.algorithms.rollouts import sync_engine_weights
 from reasonctl.core.types import Metrics, Sample
@@ -44,7 +44,8 @@ class PeriodicEvaluator:
                                answer_format=self.answer_format,
                                params=sampling_for_eval(ctx.config, seed=ctx.config.run.seed,
                                                         processor=ctx.processor),
-                               default_source=self.source, scorer=self.scorer)
+                               default_source=self.source, scorer=self.scorer,
+                               environment=ctx.environment, limits=self._limits(ctx))
         correct = float(sum(p.correct for p in report.predictions))
         total = float(len(report.predictions))
         metrics: Metrics = {}
@@ -55,5 +56,15 @@ class PeriodicEvaluator:
             for source, (right, count) in report.by_source().items():
                 metrics[f"eval/{source}/accuracy"] = right / count
         metrics["eval/accuracy"] = correct / total if total else 0.0
+        for key, value in report.episode_metrics().items():
+            metrics[f"eval/env/{key}"] = value
         metrics["time/eval_s"] = time.perf_counter() - started
         return metrics
+
+    @staticmethod
+    def _limits(ctx: RunContext) -> Any:
+        if ctx.environment is None:
+            return None
+        from reasonctl.environments.episodes import episode_limits
+
+        return episode_limits(ctx.config)

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from reasonctl.core.config import RunConfig
+    from reasonctl.core.protocols import Environment
+    from reasonctl.environments.episodes import EpisodeLimits
 
 @dataclass
 class Prediction:
@@ -42,6 +44,9 @@ class Prediction:
     reason: str = ""
     """Why the reward scored the answer as it did (``correct``, ``wrong``, ``no_answer``,
     ``hedge`` ...; ``docs/rewards.md``)."""
+    episode: dict[str, float] = field(default_factory=dict)
+    """With an ``[environment]``: the episode's metrics (turns, tool calls, tool errors,
+    tool seconds ...); ``response`` is then the policy's last turn."""
 
 
 @dataclass
@@ -72,9 +77,17 @@ class EvalReport:
         """How many predictions were judged for each reason, most frequent first."""
         return reason_counts(self.predictions)
 
+    def episode_metrics(self) -> dict[str, float]:
+        """The mean of each episode metric over the predictions (empty without episodes)."""
+        episodes = [p.episode for p in self.predictions if p.episode]
+        keys = sorted({k for e in episodes for k in e})
+        return {k: sum(e.get(k, 0.0) for e in episodes) / len(episodes) for k in keys}
+
     def summary(self) -> dict[str, Any]:
-        """Accuracy overall and per source, and the predictions per reason, as plain data."""
-        return {
+        """Accuracy overall and per source, the predictions per reason and the episodes'
+        mean tool use, as plain data."""
+        tool_use = self.episode_metrics()
+        return ({"tool_use": tool_use} if tool_use else {}) | {
             "model": self.model,
             "data": self.data,
             "answer_format": self.answer_format,
@@ -127,6 +140,8 @@ def score_samples(
     params: SamplingParams,
     default_source: str = "data",
     scorer: AnswerScorer | None = None,
+    environment: Environment | None = None,
+    limits: EpisodeLimits | None = None,
 ) -> EvalReport:
     """Generate one answer per sample with ``engine`` and score it.
 
@@ -135,12 +150,25 @@ def score_samples(
     sample without a reference is judged against its final assistant turn
     (:func:`~reasonctl.evaluation.answers.evaluation_sample`). A sample's source is its
     ``meta["source"]``, else ``default_source``. ``scorer`` judges the
-    answers (default: the rewards of ``answer_format`` with their default options).
+    answers (default: the rewards of ``answer_format`` with their default options). With an
+    ``environment`` every answer is a multi-turn episode within ``limits``
+    (:func:`~reasonctl.environments.episodes.run_episodes`): its last turn is judged and its
+    tool use recorded.
     """
-    scorer = scorer or AnswerScorer(answer_format)
+    from reasonctl.core.protocols import environment_tools
 
-    encoded = [processor.encode_prompt(s) for s in samples]
-    groups = engine.generate([e.as_prompt() for e in encoded], params)
+    scorer = scorer or AnswerScorer(answer_format)
+    tools = environment_tools(environment)
+    encoded = [processor.encode_prompt(s, tools=tools) for s in samples]
+    prompts = [e.as_prompt() for e in encoded]
+    if environment is not None:
+        from reasonctl.environments.episodes import UNBOUNDED, EpisodeLimits, run_episodes
+
+        limits = limits or EpisodeLimits(max_turns=4, max_completion_tokens=UNBOUNDED)
+        groups = run_episodes(engine, environment, processor.tokenizer, samples, prompts,
+                              params, limits)
+    else:
+        groups = engine.generate(prompts, params)
     report = EvalReport(answer_format=answer_format)
     for sample, group in zip(samples, groups, strict=True):
         completion = group[0]
@@ -157,8 +185,17 @@ def score_samples(
             sample=sample.source,
             reward=reward,
             reason=judgement.reason,
+            episode=dict(completion.episode.metrics) if completion.episode else {},
         ))
     return report
+
+
+def tool_use_line(metrics: dict[str, float]) -> str:
+    """``per episode: 2.0 turns, 1.0 tool calls (0.0 errors), 0.01 s in tools``."""
+    return (f"per episode: {metrics.get('turns', 0.0):.2f} turns, "
+            f"{metrics.get('tool_calls', 0.0):.2f} tool calls "
+            f"({metrics.get('tool_errors', 0.0):.2f} errors), "
+            f"{metrics.get('tool_seconds', 0.0):.3f} s in tools")
 
 
 def _shown_reference(sample: Sample) -> Any:
@@ -183,10 +220,14 @@ def write_report(report: EvalReport, directory: Path) -> Path:
 
 
 def accuracy_table(report: EvalReport) -> Table:
-    """A rich table: one row per source, then the overall accuracy."""
+    """A rich table: one row per source, then the overall accuracy; with episodes, a
+    caption of the mean tool use per episode."""
     from rich.table import Table
 
     table = Table(title=f"Accuracy ({report.answer_format} answers) - {report.model}")
+    tool_use = report.episode_metrics()
+    if tool_use:
+        table.caption = tool_use_line(tool_use)
     table.add_column("source")
     table.add_column("samples", justify="right")
     table.add_column("correct", justify="right")

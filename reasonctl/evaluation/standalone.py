@@ -16,7 +16,12 @@ from reasonctl.core.protocols import RunContext
 from reasonctl.core.types import ModelSource
 from reasonctl.evaluation.answers import AnswerScorer, check_answer_format
 from reasonctl.evaluation.scoring import EvalReport, sampling_for_eval, score_samples
-from reasonctl.runtime.composition import build_eval_samples, build_processor, build_rollout_engine
+from reasonctl.runtime.composition import (
+    build_environment,
+    build_eval_samples,
+    build_processor,
+    build_rollout_engine,
+)
 
 if TYPE_CHECKING:
     from reasonctl.core.config import RunConfig
@@ -28,8 +33,9 @@ def evaluation_context(config: RunConfig, registry: Registry, *, model: str | No
     """A run context for evaluating ``model`` (a directory or storage URI) outside training.
 
     It has no backend: the model source is ``model`` (tokenizer files beside the weights, as
-    in an export), else ``model.name_or_path``; the processor is built from it. The rollout
-    engine is then built through the registry like in training
+    in an export), else ``model.name_or_path``; the processor is built from it, and the
+    ``[environment]`` when one is configured (answers are then multi-turn episodes). The
+    rollout engine is then built through the registry like in training
     (:func:`~reasonctl.runtime.composition.build_rollout_engine`).
     """
     from reasonctl.models.loading import resolve_model_dir, resolve_model_source
@@ -42,6 +48,8 @@ def evaluation_context(config: RunConfig, registry: Registry, *, model: str | No
     else:
         ctx.model_source = resolve_model_source(config, registry)
     ctx.processor = build_processor(ctx)
+    if config.environment.name:
+        ctx.environment = build_environment(ctx)
     return ctx
 
 
@@ -78,6 +86,16 @@ def evaluate(
         params=sampling_for_eval(config, seed=seed, processor=ctx.processor),
         default_source=Path(data or config.eval.data or "data").stem,
         scorer=AnswerScorer.from_config(answer_format, config, registry),
+        environment=ctx.environment, limits=_limits(config),
     )
     report.model, report.data = model, str(data or config.eval.data)
     return report
+
+
+def _limits(config: RunConfig) -> Any:
+    """The episode limits of an ``[environment]`` (None without one)."""
+    if not config.environment.name:
+        return None
+    from reasonctl.environments.episodes import episode_limits
+
+    return episode_limits(config)

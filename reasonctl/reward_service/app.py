@@ -13,6 +13,10 @@
 ``POST /api/reward/pull``                 the same, for ``{"uuid": id, "type": ...}`` bodies
                                           (JSON or form) as cosmos-rl clients send them
 ``GET /metrics``                          :class:`~.metrics.ServiceMetrics` as JSON
+``POST /api/tools/run``                   one tool call for a remote episode
+                                          (:mod:`~reasonctl.reward_service.tools`): 200
+                                          ``result`` or ``error``; 400 malformed, 404 not
+                                          served, 413 too large
 ========================================  ==================================================
 """
 
@@ -39,6 +43,7 @@ from reasonctl.reward_service.auth import BearerAuth, Tokens
 from reasonctl.reward_service.config import ServiceConfig
 from reasonctl.reward_service.metrics import ServiceMetrics
 from reasonctl.reward_service.store import RequestStore, Result
+from reasonctl.reward_service.tools import ServedTools
 from reasonctl.reward_service.wire import ScoreRequest, WireError, parse_request
 
 logger = logging.getLogger("reasonctl.reward_service")
@@ -53,6 +58,7 @@ class ServiceState:
     store: RequestStore
     metrics: ServiceMetrics
     media_types: dict[str, str]
+    tools: ServedTools | None = None
 
 
 def create_app(state: ServiceState, tokens: Tokens, *, on_start: Callable[[], None],
@@ -75,6 +81,7 @@ def create_app(state: ServiceState, tokens: Tokens, *, on_start: Callable[[], No
         Route("/api/reward/enqueue", routes.enqueue, methods=["POST"]),
         Route("/api/reward/result/{request_id}", routes.result, methods=["GET"]),
         Route("/api/reward/pull", routes.pull, methods=["POST"]),
+        Route("/api/tools/run", routes.run_tool, methods=["POST"]),
     ], lifespan=lifespan)
     return BearerAuth(app, tokens)
 
@@ -88,8 +95,21 @@ class _Routes:
         self.state = state
 
     async def health(self, request: Request) -> JSONResponse:
+        tools = self.state.tools.names if self.state.tools is not None else []
         return JSONResponse({"status": "ok", "rewards": self.state.media_types,
-                             "queue": self.state.config.queue.backend})
+                             "queue": self.state.config.queue.backend, "tools": tools})
+
+    async def run_tool(self, request: Request) -> JSONResponse:
+        tools = self.state.tools
+        if tools is None:
+            return _error(404, "this service runs no tools ([tools] serve in its config)")
+        limits = self.state.config.limits
+        body = await _read_limited(request, limits.max_body_bytes)
+        if body is None:
+            return _error(413, f"request body larger than the limit of {limits.max_body_mb:g} "
+                               "MiB (limits.max_body_mb)")
+        status, answer = await run_in_threadpool(tools.run, body)
+        return JSONResponse(answer, status_code=status)
 
     async def metrics(self, request: Request) -> JSONResponse:
         try:

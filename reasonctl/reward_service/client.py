@@ -100,6 +100,14 @@ class RewardServiceClient:
             self.retries += 1
             time.sleep(pause)
 
+    def run_tool(self, name: str, arguments: dict[str, Any], *, deadline: float
+                 ) -> dict[str, Any]:
+        """One tool call (``POST /api/tools/run``): ``{"result": ...}`` or
+        ``{"error": ...}``. Retries as :meth:`enqueue` does; raises :class:`ServiceError`."""
+        response = self._send("POST", "/api/tools/run", deadline=deadline,
+                              json={"tool": name, "arguments": arguments})
+        return dict(response.json())
+
     def probe(self) -> tuple[dict[str, Any] | None, int | None]:
         """One quick look at the service: ``GET /health`` (what it serves) and the status
         of ``GET /metrics``, which needs the token (401 for a wrong one); ``(None, None)``

@@ -27,6 +27,12 @@ kind = "thread"          # or "process" (needed for devices; a crashed one is re
 [[rewards.components]]
 name = "math"            # any registered reward (or module:function) with its options
 workers = 2              # service keys: workers, devices, max_batch, max_wait_ms
+
+[tools]
+serve = ["python"]       # tools run here for remote episodes (POST /api/tools/run)
+concurrency = 4
+[tools.sandbox]          # how code runs here (as [environment.tools.sandbox] in a run)
+cpu_seconds = 5.0
 ```
 
 Every problem is reported at once as ``path: message`` (:class:`ConfigError`, exit 2 in the
@@ -48,6 +54,7 @@ from reasonctl.core.config.loading import reward_option_issues
 from reasonctl.core.config.problems import Issue, validation_issues
 from reasonctl.core.config.schema import STRICT
 from reasonctl.core.errors import ConfigError, ReasonctlError
+from reasonctl.environments.config import SandboxConfig
 
 if TYPE_CHECKING:
     from reasonctl.core.registry import Registry
@@ -162,6 +169,16 @@ class RewardsSection(_Section):
     components: list[ServedReward] = Field(default_factory=list)
 
 
+class ToolsSection(_Section):
+    """``[tools]``: tools this service runs for the episodes of remote trainers
+    (``[environment.tools.remote]``), so that code never runs on the trainer's host."""
+
+    serve: list[Literal["calculator", "python"]] = Field(
+        default_factory=list, description="Tools served at POST /api/tools/run.")
+    concurrency: int = Field(default=4, gt=0, description="Tool calls run at once.")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+
+
 class ServiceConfig(BaseModel):
     """The whole config of ``reasonctl serve-rewards``."""
 
@@ -174,6 +191,7 @@ class ServiceConfig(BaseModel):
     batching: BatchingSection = Field(default_factory=BatchingSection)
     workers: WorkersSection = Field(default_factory=WorkersSection)
     rewards: RewardsSection = Field(default_factory=RewardsSection)
+    tools: ToolsSection = Field(default_factory=ToolsSection)
 
     def batch_size(self, entry: ServedReward) -> int:
         """Completions per call of ``entry``'s reward."""
@@ -221,9 +239,13 @@ def validate_service_config(data: dict[str, Any], registry: Registry) -> Service
 def _reward_issues(data: dict[str, Any], registry: Registry) -> list[Issue]:
     rewards = data.get("rewards")
     entries = rewards.get("components") if isinstance(rewards, dict) else None
+    tools = data.get("tools")
+    if isinstance(tools, dict) and tools.get("serve") and not entries:
+        return []  # a service of tools only
     if not isinstance(entries, list) or not entries:
         return [Issue(("rewards", "components"), "no reward to serve; add at least one "
-                      '[[rewards.components]] entry, e.g. name = "math"')]
+                      '[[rewards.components]] entry, e.g. name = "math" (or serve tools: '
+                      '[tools] serve = ["python"])')]
     issues: list[Issue] = []
     seen: set[str] = set()
     stripped = []

@@ -1,8 +1,9 @@
 """Putting the service together: tokens, queue, workers and routes, served by uvicorn.
 
 :class:`RewardService` builds every reward (in this process or in its worker processes)
-before the server listens, so a reward that cannot be built stops the start with its
-error; :meth:`RewardService.run` serves until SIGINT/SIGTERM, then stops the workers.
+and the tools of ``[tools]`` (their sandbox tried) before the server listens, so a reward
+or a sandbox that cannot be built stops the start with its error;
+:meth:`RewardService.run` serves until SIGINT/SIGTERM, then stops the workers.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from reasonctl.reward_service.auth import Tokens, load_tokens
 from reasonctl.reward_service.config import ServiceConfig
 from reasonctl.reward_service.metrics import ServiceMetrics
 from reasonctl.reward_service.store import MemoryStore, RequestStore
+from reasonctl.reward_service.tools import ServedTools
 from reasonctl.reward_service.workers import ProcessScorer, Sweeper, ThreadScorer, Worker
 
 logger = logging.getLogger("reasonctl.reward_service")
@@ -76,7 +78,15 @@ class RewardService:
             self._close_scorers()
             raise
         self.sweeper = Sweeper(self.store, self.metrics, SWEEP_EVERY_S)
-        self.state = ServiceState(config, self.store, self.metrics, media_types)
+        tools = None
+        if config.tools.serve:
+            try:
+                tools = ServedTools(config.tools.serve, config.tools.sandbox,
+                                    config.tools.concurrency)
+            except BaseException:
+                self._close_scorers()
+                raise
+        self.state = ServiceState(config, self.store, self.metrics, media_types, tools)
 
     def app(self) -> Any:
         """The ASGI application (starts and stops the workers with the server)."""

@@ -48,6 +48,9 @@ class RolloutStats:
     seconds: float = 0.0
     decode: str = ""
     """Which decode path ran: ``static+cuda_graphs``, ``static`` or ``dynamic``."""
+    reused_tokens: int = 0
+    """Prompt tokens of continued sequences whose keys and values came from the cache
+    (:meth:`HFRolloutEngine.generate_continuation`) instead of a prefill."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -139,6 +142,20 @@ class HFRolloutEngine:
         passed to the model's prefill. Completions of one prompt are consecutive samples of
         one seeded generator, so equal inputs and seed give equal outputs.
         """
+        return self._generate(prompts, params, continuing=False)
+
+    def generate_continuation(
+        self, prompts: Sequence[dict[str, Any]], params: SamplingParams
+    ) -> list[list[Completion]]:
+        """:meth:`generate` for the next turn of sequences of the previous call
+        (:class:`~reasonctl.core.protocols.ContinuesSequences`): on the static path, a text
+        prompt that extends a sequence still held in a cache slot is decoded in that slot
+        and only its new tokens are prefilled; the results equal :meth:`generate`'s up to
+        floating-point rounding. The other paths generate as :meth:`generate`."""
+        return self._generate(prompts, params, continuing=True)
+
+    def _generate(self, prompts: Sequence[dict[str, Any]], params: SamplingParams, *,
+                  continuing: bool) -> list[list[Completion]]:
         _check_params(params)
         started = time.perf_counter()
         generator = self._generator(params.seed)
@@ -152,7 +169,7 @@ class HFRolloutEngine:
                 vision = [vision_inputs(p) for p in prompts] if with_vision else None
                 results = self.static_decoder.generate([p["input_ids"] for p in prompts],
                                                        params, generator, bias=bias,
-                                                       vision=vision)
+                                                       vision=vision, continuing=continuing)
             else:
                 results = self.dynamic_decoder.generate(prompts, params, generator,
                                                         max_batch_size=self.max_batch_size,
@@ -169,6 +186,8 @@ class HFRolloutEngine:
             generated_tokens=tokens,
             seconds=time.perf_counter() - started,
             decode=path,
+            reused_tokens=self.static_decoder.reused_tokens if static and self.static_decoder
+            else 0,
         )
         return results
 
@@ -178,6 +197,7 @@ class HFRolloutEngine:
         Every parameter must be covered (tied parameters count once); an unknown name or a
         shape mismatch raises ``ValueError`` naming it.
         """
+        self._forget_sequences()
         updated = self._copy_weights(named_tensors)
         missing = [n for n, p in self.model.named_parameters() if id(p) not in updated]
         if missing:
@@ -189,7 +209,13 @@ class HFRolloutEngine:
     def update_changed_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy the given full tensors in place by name, keeping every other weight (e.g.
         the merged layers of a LoRA run); unknown names and shapes raise ``ValueError``."""
+        self._forget_sequences()
         self._copy_weights(named_tensors)
+
+    def _forget_sequences(self) -> None:
+        """New weights: nothing cached for earlier sequences may be continued."""
+        if self.static_decoder is not None:
+            self.static_decoder.held.forget()
 
     def _copy_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> set[int]:
         """Copy tensors into the parameters/buffers of the same names; the ids updated."""

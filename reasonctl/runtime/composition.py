@@ -5,7 +5,8 @@ The runner (:mod:`reasonctl.runtime.runner`) is the only composer of a training 
 is built one way everywhere: the backend, the model source, the chat processor, the
 dataset (seen through :class:`~reasonctl.data.datasets.DatasetView`, which applies the
 ``[data]`` prompt options), the reward set, the reference model, the rollout engine (with
-its ``[rollout.<engine>]`` section) or the separate rollout workers, and the evaluator.
+its ``[rollout.<engine>]`` section) or the separate rollout workers, the environment of
+multi-turn episodes, and the evaluator.
 Heavy packages are imported inside the functions that need them.
 """
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
         Algorithm,
         Backend,
         Dataset,
+        Environment,
         Evaluator,
         Processor,
         RolloutEngine,
@@ -169,6 +171,10 @@ def compose(ctx: RunContext, needs: Needs) -> None:
     if needs.reference_model:
         build_reference_model(ctx)
     separate = ctx.config.rollout.placement == "separate"
+    if ctx.config.environment.name and (needs.rollout_engine or periodic_eval):
+        # before the engine: a sandbox this host cannot provide stops the run early; with
+        # separate workers the episodes run there, and here it describes the tools
+        ctx.environment = build_environment(ctx)
     if (needs.rollout_engine and not separate) or periodic_eval:
         ctx.engine = build_rollout_engine(ctx)
     if needs.rollout_engine and separate:
@@ -252,6 +258,15 @@ def build_reference_model(ctx: RunContext) -> None:
 def build_rollout_engine(ctx: RunContext) -> RolloutEngine:
     """The engine named by ``rollout.engine``, with its ``[rollout.<engine>]`` section."""
     return build_component(ctx, "rollout_engine", "rollout", ctx.config.rollout.engine)
+
+
+def build_environment(ctx: RunContext) -> Environment:
+    """The environment named by ``environment.name``, with its ``[environment.<name>]``
+    section (episodes of multi-turn rollouts)."""
+    name = ctx.config.environment.name
+    if not name:
+        raise ConfigError(["environment.name: no environment is configured"])
+    return build_component(ctx, "environment", "environment", name)
 
 
 def build_rollout_workers(ctx: RunContext) -> Any:

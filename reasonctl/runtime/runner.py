@@ -178,7 +178,7 @@ def _run(config: RunConfig, host: PluginHost, progress: bool, stop: StopRequest)
         if ctx.rollout_workers is not None:
             ctx.rollout_workers.close(result.status)
         host.hooks.on_run_end(ctx, result.status, error)
-        for part in (algorithm, ctx.engine):
+        for part in (algorithm, ctx.engine, ctx.environment):
             if isinstance(part, Closes):
                 part.close()
         backend.close()

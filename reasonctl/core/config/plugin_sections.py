@@ -1,9 +1,9 @@
 """Sections contributed by plugins, validated strictly, and the JSON Schema of it all.
 
 The ``config_model`` a component registers becomes ``[algorithm.<name>]``,
-``[backend.<name>]``, ``[data.<name>]``, ``[rollout.<name>]``, ``[logging.<name>]`` or
-``[storage.<name>]``; a reward's model validates the extra keys of its
-``[[rewards.components]]`` entry. Unknown keys are errors in every one of them, nested
+``[backend.<name>]``, ``[data.<name>]``, ``[rollout.<name>]``, ``[logging.<name>]``,
+``[storage.<name>]`` or ``[environment.<name>]``; a reward's model validates the extra
+keys of its ``[[rewards.components]]`` entry. Unknown keys are errors in every one of them, nested
 models included, even when the plugin's model does not say ``extra="forbid"``; only a model
 that says ``extra="allow"`` itself accepts free keys. A NaN or infinite number is an error
 in every one of them too. Factories still receive an instance of the plugin's own model
@@ -30,6 +30,7 @@ from reasonctl.core.config.schema import (
     AlgorithmSection,
     BackendSection,
     DataSection,
+    EnvironmentSection,
     LoggingSection,
     RewardComponent,
     RolloutSection,
@@ -50,6 +51,7 @@ SECTION_KINDS: dict[str, tuple[str, type[Section]]] = {
     "rollout": ("rollout_engine", RolloutSection),
     "logging": ("logger", LoggingSection),
     "storage": ("storage", StorageSection),
+    "environment": ("environment", EnvironmentSection),
 }
 """Config section -> (component kind whose config models it holds, base section model)."""
 
@@ -62,6 +64,7 @@ SELECTORS: dict[str, tuple[str, str]] = {
     "backend.name": ("backend", "backend"),
     "data.format": ("dataset", "dataset format"),
     "rollout.engine": ("rollout_engine", "rollout engine"),
+    "environment.name": ("environment", "environment"),
 }
 
 

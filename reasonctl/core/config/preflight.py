@@ -115,6 +115,7 @@ def _models_in_use(
         ("backend", config.backend.name),
         *([("data", config.data.format)] if reads_data else []),
         ("rollout", config.rollout.engine),
+        *([("environment", config.environment.name)] if config.environment.name else []),
         *(("logging", name) for name in config.logging.loggers),
         *(("storage", parse_uri(uri)[0]) for uri in config.checkpoint.upload),
     ]

@@ -260,6 +260,33 @@ class RolloutSection(Section):
     )
 
 
+class EnvironmentSection(Section):
+    """``[environment]``: multi-turn episodes with tools; the environment's own keys go in
+    ``[environment.<name>]``. Without ``name`` every rollout is one turn."""
+
+    name: str | None = Field(
+        default=None, min_length=1,
+        description="The environment rollouts run episodes in (e.g. 'tools'); unset: "
+        "single-turn rollouts.")
+    max_turns: int = Field(
+        default=4, gt=0,
+        description="Policy turns per episode at most; each turn generates up to "
+        "rollout.max_new_tokens tokens.")
+    max_completion_tokens: int | None = Field(
+        default=None, gt=0,
+        description="Tokens after the prompt per episode at most, generated and observation "
+        "tokens together; an episode that reaches it ends with finish reason 'length'. "
+        "Default: no bound beyond max_turns turns of rollout.max_new_tokens and the "
+        "environment's own limits on observations.")
+    reward_weight: float = Field(
+        default=1.0, description="Weight of the environment's own reward (component "
+        "'environment') in the total; environments without one add nothing.")
+    concurrency: int = Field(
+        default=8, gt=0,
+        description="Episodes whose turns the environment answers at once (threads), so "
+        "tool calls of different episodes run in parallel.")
+
+
 class RewardComponent(BaseModel):
     """One ``[[rewards.components]]`` entry; extra keys go to the reward's config model."""
 
@@ -383,6 +410,7 @@ class RunConfig(BaseModel):
     algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
     backend: BackendSection = Field(default_factory=BackendSection)
     rollout: RolloutSection = Field(default_factory=RolloutSection)
+    environment: EnvironmentSection = Field(default_factory=EnvironmentSection)
     rewards: RewardsSection = Field(default_factory=RewardsSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)

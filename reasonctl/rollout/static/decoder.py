@@ -47,6 +47,7 @@ from reasonctl.rollout.rows import GeneratingRow, group_completions
 from reasonctl.rollout.sampling import exponential_race
 from reasonctl.rollout.static.buckets import DEFAULT_GRAPH_BATCH_SIZES, pick_bucket
 from reasonctl.rollout.static.buffers import StepBuffers, record_step
+from reasonctl.rollout.static.continuation import HeldSequences, extend_slots
 from reasonctl.rollout.static.cuda_graphs import DecodeGraphs
 from reasonctl.rollout.static.decode_forward import (
     DecodeForward,
@@ -135,6 +136,10 @@ class StaticDecoder:
         self._prefill_inputs: dict[tuple, tuple[torch.Tensor, ...]] = {}
         self._vision_prefill: Any = None
         self._prefill_shapes: set[tuple] = set()  # shapes prefilled eagerly once
+        self.held = HeldSequences()
+        """What each slot's cache holds after the last call (for continuations)."""
+        self.reused_tokens = 0
+        """Prompt tokens the last call took from the cache instead of prefilling them."""
         forward = inspect.signature(type(model).forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward else "past_key_values"
         self._accepts_logits_to_keep = "logits_to_keep" in forward
@@ -166,13 +171,16 @@ class StaticDecoder:
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  generator: torch.Generator, *, bias: torch.Tensor | None = None,
-                 vision: Sequence[dict[str, Any] | None] | None = None
-                 ) -> list[list[Completion]]:
+                 vision: Sequence[dict[str, Any] | None] | None = None,
+                 continuing: bool = False) -> list[list[Completion]]:
         """``params.n`` completions per prompt (token-id lists). Runs under the caller's
         inference context (no grad, eval mode, autocast). ``bias`` keeps suppressed tokens
         from being drawn (:func:`~reasonctl.rollout.sampling.suppression_bias`).
         ``vision`` holds each prompt's vision inputs (None for text; needs
-        :attr:`takes_vision`)."""
+        :attr:`takes_vision`). With ``continuing`` (text prompts, one sample each) a
+        prompt that extends a sequence of the previous call with the same weights is
+        decoded in the slot holding it, prefilling only its new tokens
+        (:mod:`~reasonctl.rollout.static.continuation`)."""
         if vision is not None and any(v is not None for v in vision) and not self.takes_vision:
             raise ValueError(f"{type(self.model).__name__}: the static path decodes no "
                              "prompts with images or videos for this model")
@@ -185,12 +193,24 @@ class StaticDecoder:
         needed = max(len(p) for p in prompts) + params.max_new_tokens
         dtype = self._compute_dtype()
         self._prepare_step(dtype)
-        self._ensure_capacity(slots, -(-needed // LENGTH_ALIGN) * LENGTH_ALIGN, dtype)
+        reuse = None
+        if continuing and params.n == 1 and vision is None and self.cache is not None:
+            reuse = self.held.match(prompts)
+            used = [r.slot for r in reuse if r is not None]
+            reuse = reuse if used else None
+            slots = max(slots, max(used, default=-1) + 1)
+        self.held.forget()  # what this call does not reuse, it overwrites or leaves stale
+        self._ensure_capacity(slots, -(-needed // LENGTH_ALIGN) * LENGTH_ALIGN, dtype,
+                              keep=reuse is not None)
         assert self.buffers is not None
         if self.decode_forward is not None:
             self.decode_forward.rope_offsets = self.buffers.rope_offsets
-        DecodeRun(self, prompts, params, sequences, slots, generator, bias=bias,
-                  vision=vision).execute()
+        run = DecodeRun(self, prompts, params, sequences, slots, generator, bias=bias,
+                        vision=vision, reuse=reuse)
+        run.execute()
+        self.reused_tokens = run.reused_tokens
+        if vision is None:
+            self.held.tokens = run.held_sequences()
         return group_completions(sequences, len(prompts), self.decode_many)
 
     def bucket(self, rows: int, slots: int) -> int:
@@ -272,6 +292,7 @@ class StaticDecoder:
                 self.decode_forward.refresh()
             return
         self.cache = self.graphs = self.buffers = None  # captured with the old step
+        self.held.forget()
         self._forget_prefill_graphs()
         step: Any = self.call_model
         self.decode_forward = None
@@ -287,12 +308,19 @@ class StaticDecoder:
             step = torch.compile(step, dynamic=True)
         self._decode_step = step
 
-    def _ensure_capacity(self, slots: int, max_len: int, dtype: torch.dtype) -> None:
+    def _ensure_capacity(self, slots: int, max_len: int, dtype: torch.dtype, *,
+                         keep: bool = False) -> None:
+        """A cache (and buffers) of at least ``slots`` x ``max_len``; with ``keep`` a grown
+        cache takes the old one's contents (and grows by half at least, so a long episode
+        grows it seldom)."""
         device = self._device
         if self.cache is not None and self.cache.fits(slots, max_len, dtype):
             return
+        old = self.cache if keep else None
         if self.cache is not None:  # grow to cover both the old and the new request
             slots, max_len = max(slots, self.cache.slots), max(max_len, self.cache.max_len)
+        if old is not None:
+            max_len = max(max_len, -(-old.max_len * 3 // 2 // LENGTH_ALIGN) * LENGTH_ALIGN)
         self.cache = self.graphs = self.buffers = None  # free before allocating anew
         self._forget_prefill_graphs()
         config = text_config(self.model)
@@ -303,6 +331,9 @@ class StaticDecoder:
             kv_heads=getattr(config, "num_key_value_heads", None) or heads,
             max_len=max_len, head_dim=head_dim, dtype=dtype, device=device,
         )
+        if old is not None:
+            self.cache.copy_from(old)
+            del old
         vocab = self.model.get_output_embeddings().weight.shape[0]
         self.buffers = StepBuffers(slots, max_len, vocab, config.hidden_size, dtype, device,
                                    window=self.options.sync_every)
@@ -385,6 +416,12 @@ class StaticDecoder:
         b.rope_offsets.index_fill_(0, slots, 0)
         b.done.index_fill_(0, slots, False)
         b.generated.index_fill_(0, slots, 0)
+
+    def extend_slots(self, suffixes: Sequence[Sequence[int]], slots: Sequence[int],
+                     starts: Sequence[int], *, head: bool) -> None:
+        """Prefill only the new tokens of sequences continued in the slots holding their
+        beginning (:func:`~reasonctl.rollout.static.continuation.extend_slots`)."""
+        extend_slots(self, suffixes, slots, starts, head=head)
 
     def prefill_vision_slots(self, ids: torch.Tensor, real: torch.Tensor, slots: torch.Tensor,
                              source_rows: torch.Tensor | None, lengths: torch.Tensor,

@@ -27,6 +27,7 @@ from reasonctl.rollout.kernels.step_record import record_tokens
 from reasonctl.rollout.kernels.triton_support import kernels_run_on
 from reasonctl.rollout.rows import GeneratingRow
 from reasonctl.rollout.sampling import sample_tokens
+from reasonctl.rollout.static.continuation import Reuse
 from reasonctl.rollout.stopping import StopMatcher
 
 if TYPE_CHECKING:
@@ -73,6 +74,11 @@ class Decoder(Protocol):
         """Prefill left-padded prompts, some with images or videos, into cache slots."""
         ...
 
+    def extend_slots(self, suffixes: Sequence[Sequence[int]], slots: Sequence[int],
+                     starts: Sequence[int], *, head: bool) -> None:
+        """Prefill the new tokens of sequences continued in the slots holding them."""
+        ...
+
 
 @dataclass
 class Window:
@@ -94,7 +100,8 @@ class DecodeRun:
     def __init__(self, decoder: Decoder, prompts: Sequence[Sequence[int]],
                  params: SamplingParams, sequences: list[GeneratingRow], slots: int,
                  generator: torch.Generator, *, bias: torch.Tensor | None = None,
-                 vision: Sequence[dict[str, Any] | None] | None = None) -> None:
+                 vision: Sequence[dict[str, Any] | None] | None = None,
+                 reuse: Sequence[Reuse | None] | None = None) -> None:
         assert decoder.cache is not None and decoder.buffers is not None
         self.decoder = decoder
         self.cache = decoder.cache
@@ -132,10 +139,17 @@ class DecodeRun:
             if self.fused_sampling and self.fused_record else None
         self.occupant: list[int | None] = [None] * slots
         self._next_half = 0  # which half of the window buffers the next window writes
+        self.reuse = reuse
+        """Per prompt: the slot holding its beginning (a continuation), or None."""
+        self.finished_in: dict[int, int] = {}
+        """Sequence -> the slot it finished in, while that slot still holds it."""
+        self.reused_tokens = 0
+        """Prompt tokens continued sequences took from the cache instead of a prefill."""
 
     def execute(self) -> None:
         """Decode until every sequence has finished."""
-        self._refill(list(range(self.slots)))
+        taken = self._continue_in_place()
+        self._refill([s for s in range(self.slots) if s not in taken])
         window = self._launch(self._plan())
         while window is not None:
             self._stage(window)
@@ -204,11 +218,6 @@ class DecodeRun:
             window.ready = torch.cuda.Event()
             window.ready.record()
 
-    def _seq(self, slot: int) -> GeneratingRow:
-        index = self.occupant[slot]
-        assert index is not None
-        return self.sequences[index]
-
     def _sample(self, window: Window, col: int) -> None:
         b = self.buffers
         batch, half = window.batch, window.half
@@ -256,14 +265,16 @@ class DecodeRun:
         steps = window.steps
         freed = []
         for slot in range(window.batch):
-            if self.occupant[slot] is None:
+            index = self.occupant[slot]
+            if index is None:
                 continue
-            seq = self._seq(slot)
+            seq = self.sequences[index]
             row = host[slot]
             valid = int(row[-1])
             self._extend(seq, [int(t) for t in row[:valid]], row[steps : steps + valid])
             if seq.finish is not None:
                 self.occupant[slot] = None
+                self.finished_in[index] = slot
                 freed.append(slot)
         return freed
 
@@ -298,6 +309,42 @@ class DecodeRun:
         elif len(seq.ids) >= self.params.max_new_tokens:
             seq.finish = "length"
 
+    def _continue_in_place(self) -> set[int]:
+        """Place the sequences that continue a held one in its slot and prefill their new
+        tokens only; the slots taken."""
+        if self.reuse is None:
+            return set()
+        placed = [(index, self.reuse[self.sequences[index].prompt_index])
+                  for index in self.pending]
+        placed = [(index, reuse) for index, reuse in placed if reuse is not None]
+        if not placed:
+            return set()
+        moved = {index for index, _ in placed}
+        self.pending = deque(i for i in self.pending if i not in moved)
+        suffixes = []
+        for index, reuse in placed:
+            self.occupant[reuse.slot] = index
+            suffixes.append(self.prompts[self.sequences[index].prompt_index][reuse.start:])
+        self.decoder.extend_slots(suffixes, [r.slot for _, r in placed],
+                                  [r.start for _, r in placed], head=not self.head_sampling)
+        self.reused_tokens = sum(r.start for _, r in placed)
+        return {reuse.slot for _, reuse in placed}
+
+    def held_sequences(self) -> dict[int, tuple[int, ...]]:
+        """Slot -> the tokens whose keys and values it holds: each finished sequence's
+        prompt and generated tokens but the last, where nothing overwrote them since."""
+        held = {}
+        for index, slot in self.finished_in.items():
+            seq = self.sequences[index]
+            if seq.ids:
+                held[slot] = tuple(self.prompts[seq.prompt_index]) + tuple(seq.ids[:-1])
+        return held
+
+    def _forget_slots(self, slots: Sequence[int]) -> None:
+        """Sequences held in ``slots`` are being overwritten."""
+        gone = set(slots)
+        self.finished_in = {i: s for i, s in self.finished_in.items() if s not in gone}
+
     def _refill(self, free: list[int]) -> None:
         """Prefill waiting sequences into the ``free`` slots."""
         slots, entering = [], []
@@ -309,6 +356,7 @@ class DecodeRun:
             slots.append(slot)
             entering.append(self.sequences[index].prompt_index)
         if slots:
+            self._forget_slots(slots)
             self._prefill(slots, entering)
 
     def _prefill(self, slots: list[int], prompt_indices: list[int]) -> None:
@@ -349,6 +397,7 @@ class DecodeRun:
         live = [s for s, seq in enumerate(self.occupant) if seq is not None]
         sources = [s for s in live if s >= len(live)]
         targets = [s for s in range(len(live)) if self.occupant[s] is None]
+        self._forget_slots(targets)
         src = torch.tensor(sources, device=self.device)
         dst = torch.tensor(targets, device=self.device)
         self.cache.move_slots(src, dst)

@@ -35,6 +35,7 @@ class SlotKVCache:
         self.dtype = dtype
         self._decode_index: torch.Tensor | None = None
         self._prefill: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+        self._extend: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def fits(self, slots: int, max_len: int, dtype: torch.dtype) -> bool:
         """True when this cache can hold ``slots`` sequences of ``max_len`` tokens."""
@@ -57,6 +58,15 @@ class SlotKVCache:
             0, source_rows)
         at_slot = slots.view(-1, 1).expand_as(at_position)
         self._prefill = (at_slot, at_position, source_rows)
+        self._extend = None
+
+    def prepare_extend(self, slots: torch.Tensor, positions: torch.Tensor) -> None:
+        """The next forward pass adds tokens to the sequences in ``slots`` (row ``i`` to
+        ``slots[i]``), storing token ``j`` of row ``i`` at ``positions[i, j]``; the layers
+        attend to the slots' whole keys (the caller's mask says which)."""
+        at_slot = slots.view(-1, 1).expand_as(positions)
+        self._extend = (at_slot, positions, slots)
+        self._prefill = None
 
     def prepare_decode(self, positions: torch.Tensor) -> None:
         """The next forward passes decode one token for each of the first ``len(positions)``
@@ -66,6 +76,7 @@ class SlotKVCache:
         write index is derived from it inside the forward pass.
         """
         self._prefill = None
+        self._extend = None
         batch = positions.shape[0]
         _, heads, _, dim = self.keys[0].shape
         self._decode_index = positions.view(batch, 1, 1, 1).expand(batch, heads, 1, dim)
@@ -76,6 +87,14 @@ class SlotKVCache:
         if self._prefill is not None:
             self._store_prefill(key_states, value_states, layer_idx)
             return key_states, value_states
+        if self._extend is not None:
+            at_slot, at_position, slots = self._extend
+            stored = []
+            for cache, new in ((self.keys[layer_idx], key_states),
+                               (self.values[layer_idx], value_states)):
+                cache[at_slot, :, at_position] = new.transpose(1, 2).to(cache.dtype)
+                stored.append(cache.index_select(0, slots))
+            return stored[0], stored[1]
         if self._decode_index is None:
             raise RuntimeError("SlotKVCache: call prepare_decode or prepare_prefill first")
         batch = self._decode_index.shape[0]
@@ -87,6 +106,12 @@ class SlotKVCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Always 0: slots have lengths of their own, so positions are always passed."""
         return 0
+
+    def copy_from(self, other: SlotKVCache) -> None:
+        """Take the contents of a smaller cache (same layers, heads and head size)."""
+        for mine, theirs in ((self.keys, other.keys), (self.values, other.values)):
+            for target, source in zip(mine, theirs, strict=True):
+                target[: source.shape[0], :, : source.shape[2]].copy_(source)
 
     def move_slots(self, sources: torch.Tensor, targets: torch.Tensor) -> None:
         """Copy the contents of slots ``sources`` into slots ``targets`` (for compaction)."""

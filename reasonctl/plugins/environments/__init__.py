@@ -1,0 +1,1 @@
+"""Registration modules of the first-party environments (one entry point each)."""
