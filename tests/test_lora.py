@@ -436,5 +436,5 @@ def test_without_peft_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setitem(sys.modules, "peft", None)  # as if not installed
     model = AutoModelForCausalLM.from_config(tiny_qwen2_config(len(build_tiny_tokenizer())))
-    with pytest.raises(reasonctl.MissingDependencyError, match=r"reasonctl\[lora\]"):
+    with pytest.raises(reasonctl.MissingDependencyError, match=r"pip install -e .*\[lora\]"):
         apply_lora(model, LoraSection())

@@ -164,7 +164,7 @@ def test_a_missing_vllm_names_the_extra(tmp_path: Path, monkeypatch: pytest.Monk
                        "backend": {"device": "cpu"}, "rollout": {"engine": "vllm"}},
                       output_dir=tmp_path / "run")
     monkeypatch.setitem(sys.modules, "vllm", None)
-    with pytest.raises(MissingDependencyError, match=r"reasonctl\[vllm\]"):
+    with pytest.raises(MissingDependencyError, match=r"pip install -e .*\[vllm\]"):
         build_vllm_engine(VLLMRolloutConfig(), ctx=ctx)
 
 
