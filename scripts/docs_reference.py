@@ -38,6 +38,7 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
     ("Building blocks for algorithms", ("reasonctl.algorithms", "reasonctl.data",
                                         "reasonctl.models", "reasonctl.evaluation",
                                         "reasonctl.async_rl")),
+    ("Environments and tools", ("reasonctl.environments",)),
 ]
 """Sections of the API page, each with the modules whose names it lists (by prefix)."""
 
