@@ -14,7 +14,7 @@ from reasonctl.core.errors import ConfigError
 from reasonctl.core.plugins import PluginHost
 from reasonctl.core.types import ContentPart, Message, Sample
 from reasonctl.environments.config import ToolsEnvironmentConfig
-from reasonctl.environments.tools_env import build_tools_environment
+from reasonctl.environments.tools_factory import build_tools_environment
 from tests.service_support import AUTH, TOKEN, InProcessService, service_config
 
 SANDBOX = {"cpu_seconds": 1.0, "wall_seconds": 3.0, "memory_mb": 256, "max_output_bytes": 4096}

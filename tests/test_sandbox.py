@@ -19,7 +19,7 @@ import pytest
 from reasonctl.core.types import ContentPart, Message, Sample
 from reasonctl.environments.config import SandboxConfig, ToolsEnvironmentConfig
 from reasonctl.environments.sandbox import Sandbox
-from reasonctl.environments.tools_env import build_tools_environment
+from reasonctl.environments.tools_factory import build_tools_environment
 
 LIMITS = SandboxConfig(cpu_seconds=1, wall_seconds=3, memory_mb=256, max_processes=8,
                        max_output_bytes=4096, max_file_mb=1, disk_mb=8)

@@ -33,6 +33,7 @@ from reasonctl.core.protocols import (
     shares_policy_weights,
     updates_changed_weights,
 )
+from reasonctl.core.seeds import mix_seed
 from reasonctl.core.types import Completion, Metrics, RolloutGroup, Sample, SamplingParams
 
 if TYPE_CHECKING:
@@ -64,14 +65,6 @@ def step_seed(ctx: RunContext, round_index: int = 0) -> int:
     """A distinct, reproducible sampling seed per run seed, step, round and rank."""
     rank = ctx.backend.rank if ctx.backend is not None else 0
     return mix_seed(ctx.config.run.seed, ctx.step, round_index, rank)
-
-
-def mix_seed(run_seed: int, *parts: int) -> int:
-    """Fold integers into a seed (the same inputs always give the same seed)."""
-    value = run_seed
-    for part in parts:
-        value = (value * 1_000_003 + part + 1) % (2**61 - 1)
-    return value
 
 
 def sync_engine_weights(engine: RolloutEngine, backend: Backend) -> Metrics:

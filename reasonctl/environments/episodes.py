@@ -226,7 +226,7 @@ def _observe(episode: _Running, observation: Observation, renderer: ObservationR
 
 def _turn_params(params: SamplingParams, turn: int, budget: int) -> SamplingParams:
     """Sampling of turn ``turn``: its own seed, at most ``budget`` new tokens."""
-    from reasonctl.algorithms.rollouts import mix_seed
+    from reasonctl.core.seeds import mix_seed
 
     seed = params.seed if params.seed is None or turn == 0 else mix_seed(params.seed, turn)
     return replace(params, seed=seed, max_new_tokens=max(1, min(params.max_new_tokens, budget)))

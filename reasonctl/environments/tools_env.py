@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from reasonctl.core.errors import ConfigError
 from reasonctl.core.types import ContentPart, Message, Metrics, Observation, Sample
 from reasonctl.environments import calculator
 from reasonctl.environments.config import ToolsEnvironmentConfig
@@ -26,7 +25,7 @@ from reasonctl.environments.sandbox import Sandbox, SandboxUnavailableError
 from reasonctl.environments.tool_calls import parse_tool_calls
 
 if TYPE_CHECKING:
-    from reasonctl.core.protocols import RunContext
+    pass
 
 PYTHON_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -210,30 +209,3 @@ def make_tools(names: list[str], sandbox: Sandbox | None) -> dict[str, Tool]:
         else:
             raise ValueError(f"there is no built-in tool {name!r}")
     return tools
-
-
-def build_tools_environment(config: ToolsEnvironmentConfig | None, *,
-                            ctx: RunContext | None = None) -> ToolsEnvironment:
-    """The ``tools`` environment; with the python tool run here its sandbox is tried first,
-    and a host that cannot confine as configured stops the run before it starts. Tools of
-    ``[environment.tools.remote]`` run on a reward service, checked now
-    (:mod:`~reasonctl.environments.remote_tools`)."""
-    config = config or ToolsEnvironmentConfig()
-    remote = set(config.remote.tools) if config.remote is not None else set()
-    unknown = sorted(remote - set(config.tools))
-    if unknown:
-        raise ConfigError([f"environment.tools.remote.tools: {', '.join(unknown)} not in "
-                           f"environment.tools.tools ({', '.join(config.tools)})"])
-    local = [name for name in config.tools if name not in remote]
-    sandbox = None
-    if "python" in local:
-        try:
-            sandbox = Sandbox.checked(config.sandbox, where="environment.tools.sandbox")
-        except SandboxUnavailableError as exc:
-            raise ConfigError([f"environment.tools.sandbox: {exc}"]) from exc
-    tools = make_tools(local, sandbox)
-    if config.remote is not None:
-        from reasonctl.environments.remote_tools import remote_tools
-
-        tools.update(remote_tools(config.remote))
-    return ToolsEnvironment(config, tools={name: tools[name] for name in config.tools})

@@ -220,14 +220,12 @@ def write_report(report: EvalReport, directory: Path) -> Path:
 
 
 def accuracy_table(report: EvalReport) -> Table:
-    """A rich table: one row per source, then the overall accuracy; with episodes, a
-    caption of the mean tool use per episode."""
+    """A rich table: one row per source, then the overall accuracy; a caption of how many
+    answers were judged for each reason and, with episodes, the mean tool use per episode."""
     from rich.table import Table
 
     table = Table(title=f"Accuracy ({report.answer_format} answers) - {report.model}")
-    tool_use = report.episode_metrics()
-    if tool_use:
-        table.caption = tool_use_line(tool_use)
+    captions = []
     table.add_column("source")
     table.add_column("samples", justify="right")
     table.add_column("correct", justify="right")
@@ -241,6 +239,11 @@ def accuracy_table(report: EvalReport) -> Table:
                   style="bold")
     reasons = report.reasons()
     if reasons:
-        table.caption = "why: " + ", ".join(f"{reason} {count}"
-                                             for reason, count in reasons.items())
+        captions.append("why: " + ", ".join(f"{reason} {count}"
+                                            for reason, count in reasons.items()))
+    tool_use = report.episode_metrics()
+    if tool_use:
+        captions.append(tool_use_line(tool_use))
+    if captions:
+        table.caption = "\n".join(captions)
     return table

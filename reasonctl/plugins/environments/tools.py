@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 def register_environments(register: Registrar) -> None:
     """Register ``tools``."""
     from reasonctl.environments.config import ToolsEnvironmentConfig
-    from reasonctl.environments.tools_env import build_tools_environment
+    from reasonctl.environments.tools_factory import build_tools_environment
 
     register("tools", build_tools_environment, config_model=ToolsEnvironmentConfig,
              description="Tool calls in the chat format: a calculator and sandboxed Python")

@@ -20,12 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from reasonctl.rollout.static.decoder import StaticDecoder
 
 
 @dataclass(frozen=True)
@@ -63,10 +60,11 @@ class HeldSequences:
         return out
 
 
-def extend_slots(decoder: StaticDecoder, suffixes: Sequence[Sequence[int]],
+def extend_slots(decoder: Any, suffixes: Sequence[Sequence[int]],
                  slots: Sequence[int], starts: Sequence[int], *, head: bool) -> None:
-    """Prefill ``suffixes[i]`` into ``slots[i]`` at positions ``starts[i]`` on, attending to
-    the slot's cached keys before them, and set the slots up for decoding as
+    """Prefill ``suffixes[i]`` into ``slots[i]`` of ``decoder`` (a
+    :class:`~reasonctl.rollout.static.decoder.StaticDecoder`) at positions ``starts[i]``
+    on, attending to the slot's cached keys before them, and set the slots up for decoding as
     :meth:`StaticDecoder.prefill_on_device` does (what the first step samples from,
     positions, done flags and counts)."""
     cache, buffers = decoder.cache, decoder.buffers
