@@ -129,43 +129,61 @@ def run_command(
     nproc_per_node: Annotated[
         int, typer.Option("--nproc-per-node", min=1, help="Processes per node.")
     ] = 1,
-    nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Number of nodes.")] = 1,
-    node_rank: Annotated[int, typer.Option("--node-rank", min=0, help="This node's rank.")] = 0,
+    nnodes: Annotated[
+        str, typer.Option("--nnodes", help="Nodes: N, or MIN:MAX for an elastic run.")
+    ] = "1",
+    node_rank: Annotated[
+        int | None, typer.Option("--node-rank", min=0,
+                                 help="This node's rank (multi-node; 0 holds the output lock).")
+    ] = None,
     rdzv_endpoint: Annotated[
         str | None,
-        typer.Option("--rdzv-endpoint", help="HOST:PORT of the rendezvous (multi-node)."),
+        typer.Option("--rdzv-endpoint", help="HOST:PORT of the rendezvous (multi-node).")
     ] = None,
+    rdzv_id: Annotated[
+        str | None, typer.Option("--rdzv-id", help="Rendezvous id, the same on every node "
+                                 "(default: from the output directory).")
+    ] = None,
+    rdzv_timeout: Annotated[
+        int, typer.Option("--rdzv-timeout", min=1, help="Seconds to wait for the nodes.")
+    ] = 900,
+    max_restarts: Annotated[
+        int, typer.Option("--max-restarts", min=0, help="Restarts of the worker group after "
+                          "a failure (each resumes from the newest checkpoint).")
+    ] = 0,
 ) -> None:
     """Train: SFT, GRPO or any installed algorithm, as configured."""
     values = common.flag_values(algo=algo, backend=backend, output_dir=output_dir, resume=resume,
                                 resume_with_changes=resume_with_changes)
     cfg = common.load(config, set_, values)
-    launched = nproc_per_node > 1 or nnodes > 1
-    if launched and cfg.backend.name == "single":
-        fail("the 'single' backend runs one process; use --backend fsdp (or megatron) with "
-             "--nproc-per-node > 1", code=2)
-    if not common.inside_launcher():  # the launching process already checked
+    if common.inside_launcher():  # a worker: the launcher checked the flags and layout
+        from reasonctl.cli.launched import prepare_worker
+
+        prepare_worker(cfg)
+    else:
+        from reasonctl.cli.launch import plan_launch
         from reasonctl.core.composition import preflight
 
-        # the layout of every process this command starts, before any of them starts
-        preflight(cfg, common.host().registry, processes=nproc_per_node * nnodes)
-    if launched and not common.inside_launcher():
-        from reasonctl.cli.launch import launch_workers
+        plan = plan_launch(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+                           rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
+                           max_restarts=max_restarts, rdzv_timeout_s=rdzv_timeout,
+                           output_dir=cfg.run.output_dir)
+        counts = plan.process_counts()
+        if max(counts) > 1 and cfg.backend.name == "single":
+            fail("the 'single' backend runs one process; use --backend fsdp (or megatron) with "
+                 "--nproc-per-node > 1", code=2)
+        for processes in counts:  # the layout of every process count the run may have
+            preflight(cfg, common.host().registry, processes=processes)
+        if max(counts) > 1 or plan.max_restarts > 0:
+            from reasonctl.cli.launch import launch_workers
 
-        forwarded = common.forwarded_run_args(algo, backend, config, set_, output_dir, resume,
-                                              resume_with_changes)
-        raise typer.Exit(launch_workers(forwarded, nproc_per_node, nnodes, node_rank,
-                                        rdzv_endpoint, output_dir=cfg.run.output_dir))
-    if common.inside_launcher():
-        from reasonctl.cli.launch import follow_launcher
-
-        follow_launcher()
+            forwarded = common.forwarded_run_args(algo, backend, config, set_, output_dir,
+                                                  resume, resume_with_changes)
+            raise typer.Exit(launch_workers(forwarded, plan, output_dir=cfg.run.output_dir))
     from reasonctl.core.runner import run
 
     result = run(cfg, host=common.host())
     common.report_result(result)
-
-
 
 
 # --- env -----------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from reasonctl.core.checkpoint import CheckpointInfo, CheckpointManager, load_rn
 from reasonctl.core.composition import build_algorithm, build_backend, build_component, compose
 from reasonctl.core.config import RunConfig, redact_text
 from reasonctl.core.errors import NonFiniteError, ReasonctlError, RunAbandonedError
-from reasonctl.core.output_lock import output_lock
+from reasonctl.core.output_lock import joins_a_launcher_lock, output_lock
 from reasonctl.core.plugins import PluginHost
 from reasonctl.core.protocols import (
     Algorithm,
@@ -89,12 +89,14 @@ def run(config: RunConfig, *, host: PluginHost, progress: bool = True) -> RunRes
 
     ``host`` holds the plugins, loaded once by the caller (the CLI, or :func:`reasonctl.run`,
     which adds run-local plugins to it first). The main process holds the output
-    directory's lock (:mod:`reasonctl.core.output_lock`) and stop signals are handled
-    (:mod:`reasonctl.core.signals`) from the start until the run returns.
+    directory's lock (:mod:`reasonctl.core.output_lock`; every process of a launcher that
+    holds it joins it) and stop signals are handled (:mod:`reasonctl.core.signals`) from
+    the start until the run returns.
     """
     stop = StopRequest()
     output_dir = Path(config.run.output_dir)
-    lock = output_lock(output_dir, log=_stderr) if env_rank() == 0 else nullcontext()
+    locks = env_rank() == 0 or joins_a_launcher_lock()
+    lock = output_lock(output_dir, log=_stderr) if locks else nullcontext()
     with stop_signals(stop), lock:
         return _run(config, host, progress, stop)
 

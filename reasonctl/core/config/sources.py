@@ -33,6 +33,8 @@ PROCESS_VARIABLES = frozenset({
     "REASONCTL_CACHE",
     "REASONCTL_OUTPUT_LOCK",
     "REASONCTL_LAUNCHER_PID",
+    "REASONCTL_NODE_RANK",
+    "REASONCTL_STOP_REQUESTED",
 })
 """``REASONCTL_*`` variables that steer the process and are not config keys. Config
 variables always hold ``__`` (``REASONCTL_<SECTION>__<KEY>``); a name without it is never
