@@ -184,7 +184,11 @@ def launch_workers(run_args: list[str], plan: LaunchPlan, *, output_dir: str) ->
                        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         report = FailureReport(plan)
         with _environment(environment), StopForwarding() as stop, report.attached():
-            code = _run_agent(run_args, plan, logs)
+            try:
+                code = _run_agent(run_args, plan, logs)
+            except StoppedBeforeStart as stopped:
+                _stderr(f"stopped on {stopped} before the workers started; nothing to save")
+                return 0
         if stop.signal_name and code == 0 and report.status_after_stop:
             return report.status_after_stop  # the restart after it only stopped at once
         if stop.signal_name and code == 0:
@@ -202,7 +206,7 @@ def _run_agent(run_args: list[str], plan: LaunchPlan, logs: str) -> int:
     )
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    rdzv_configs: dict[str, Any] = {"timeout": plan.rdzv_timeout_s}
+    rdzv_configs: dict[str, Any] = {"join_timeout": plan.rdzv_timeout_s}
     if plan.rdzv_timeout_s < 60:  # reaching the rendezvous host is bounded by it too
         rdzv_configs["read_timeout"] = plan.rdzv_timeout_s
     config = LaunchConfig(
@@ -301,9 +305,16 @@ class FailureReport(logging.Handler):
             agent_log.removeHandler(self)
 
 
+class StoppedBeforeStart(BaseException):
+    """A stop signal arrived while no worker ran (the rendezvous, or between attempts):
+    raised out of the agent, which then shuts down (a ``BaseException``, so the agent's own
+    handlers let it through)."""
+
+
 class StopForwarding:
     """Passes SIGTERM, SIGINT and SIGUSR1 on to the workers (checkpoint, then exit 0) and
-    keeps a restart from starting new ones after that."""
+    keeps a restart from starting new ones after that; with no worker running, ends the
+    launch (:class:`StoppedBeforeStart`)."""
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
@@ -323,11 +334,16 @@ class StopForwarding:
 
     def _forward(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
-        if self.signal_name is None:
+        first = self.signal_name is None
+        if first:
             self.signal_name = name
             os.environ[STOP_ENV] = name  # inherited by workers a restart would start
+        pids = worker_pids()
+        if not pids:
+            raise StoppedBeforeStart(name)
+        if first:
             _stderr(f"{name}: asking the workers to checkpoint and stop")
-        for pid in worker_pids():
+        for pid in pids:
             try:
                 os.kill(pid, signum)
             except ProcessLookupError:
