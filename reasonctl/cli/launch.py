@@ -181,7 +181,11 @@ def launch_workers(run_args: list[str], plan: LaunchPlan, *, output_dir: str) ->
     with lock as token, tempfile.TemporaryDirectory(prefix="reasonctl-launch-") as logs:
         environment = {HOLDER_ENV: token, LAUNCHER_PID_ENV: str(os.getpid()),
                        NODE_RANK_ENV: str(plan.node_rank),
-                       "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+                       "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                       # each attempt's workers get a store of their own (rank 0 hosts it):
+                       # in the agent's shared store a restarted group finds the keys of
+                       # the group before it and can wait for peers that are gone
+                       "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
         report = FailureReport(plan)
         with _environment(environment), StopForwarding() as stop, report.attached():
             try:

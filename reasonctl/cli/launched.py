@@ -33,6 +33,9 @@ AGREEMENT_TIMEOUT_S = 300.0
 """How long a node waits for the others' configs (they start together after the
 rendezvous, so only a node that failed to start makes it wait that long)."""
 MAX_SHOWN = 12
+_AGREEMENT_STORE: Any = None
+"""The store of the config check, kept for the process's life (on rank 0 its server is the
+one the process group joins)."""
 _PR_SET_PDEATHSIG = 1
 
 
@@ -126,8 +129,14 @@ def node_config_differences(config: RunConfig, *,
         return None
     from torch.distributed import TCPStore
 
-    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                     is_master=False, timeout=timedelta(seconds=timeout_s))
+    global _AGREEMENT_STORE
+    # rank 0 hosts the store the process group uses next (the same server: multi-tenant),
+    # unless torch's agent hosts it
+    hosts = (os.environ.get("RANK") == "0"
+             and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True))
+    store = _AGREEMENT_STORE = TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=hosts,
+        multi_tenant=True, timeout=timedelta(seconds=timeout_s))
     prefix = (f"reasonctl/config/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
               f"{restart_count()}/{nodes}/")
     if os.environ.get("LOCAL_RANK", "0") == "0":
