@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from reasonctl.core.errors import UsageError
+from reasonctl.core.exit_status import describe_exit, exit_status
 from reasonctl.core.output_lock import HELD_BY_NODE_0, HOLDER_ENV, output_lock
 from reasonctl.core.signals import STOP_SIGNALS
 
@@ -243,25 +244,6 @@ def _run_agent(run_args: list[str], plan: LaunchPlan, logs: str) -> int:
         _stderr(f"{exc.sigval.name}: the workers were stopped without a checkpoint")
         return 128 + int(exc.sigval)
     return 0
-
-
-def exit_status(code: int) -> int:
-    """A worker's exit status as a shell reports it (128 + N when killed by signal N)."""
-    return 128 - code if code < 0 else code
-
-
-def describe_exit(code: int) -> str:
-    """What ended a worker, in words."""
-    if code >= 0:
-        return f"exited with status {code}"
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
-    why = {"SIGKILL": " (out of memory, or killed from outside)",
-           "SIGSEGV": " (a crash in native code)", "SIGABRT": " (aborted)",
-           "SIGBUS": " (a bus error: often /dev/shm too small)"}.get(name, "")
-    return f"was killed by {name}{why}"
 
 
 class FailureReport(logging.Handler):
