@@ -311,6 +311,29 @@ def test_a_killed_worker_restarts_the_group_which_resumes_to_the_unbroken_losses
 
 @pytest.mark.faults
 @pytest.mark.distributed
+def test_a_worker_killed_on_one_of_two_nodes_restarts_both_to_the_unbroken_losses(
+        tmp_path: Path, tiny_model_dir: Path, one_launcher: Path) -> None:
+    """Every node's group starts again, counted as a restart or as the other node leaving
+    and joining the rendezvous, and every one resumes from the same checkpoint."""
+    config = write_run_files(tmp_path, tiny_model_dir)
+    out = tmp_path / "run"
+    endpoint = f"127.0.0.1:{free_port()}"
+    common = ("--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", endpoint,
+              "--max-restarts", "1")
+    env = kill_env(tmp_path, rank=1, step=5)
+    nodes = [launcher(config, out, *common, "--node-rank", str(rank), env=env)
+             for rank in (0, 1)]
+    results = [finish(node) for node in nodes]
+    assert [code for code, _ in results] == [0, 0], results
+    text = " ".join((results[0][1] + results[1][1]).split())
+    assert "was killed by SIGKILL" in text
+    assert f"resuming from step 3 ({out / 'checkpoints' / 'step_3'})" in text, text
+    assert "moved" not in text  # no group started over and retired the checkpoints
+    assert_close_runs(out, one_launcher / "run", range(1, 7), rel=1e-6)
+
+
+@pytest.mark.faults
+@pytest.mark.distributed
 def test_without_restarts_the_launcher_exits_with_the_killed_workers_status(
         tmp_path: Path, tiny_model_dir: Path) -> None:
     config = write_run_files(tmp_path, tiny_model_dir)

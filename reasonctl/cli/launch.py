@@ -40,6 +40,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import closing, contextmanager, nullcontext
@@ -56,6 +57,10 @@ LAUNCHER_PID_ENV = "REASONCTL_LAUNCHER_PID"
 """The launcher's process id, in its workers' environment."""
 NODE_RANK_ENV = "REASONCTL_NODE_RANK"
 """The ``--node-rank`` of the launcher, in its workers' environment."""
+STARTED_ENV = "REASONCTL_GROUP_STARTED"
+"""Set in a launcher once its first worker group ran: every group started after it (a
+restart, or a node joining or leaving the rendezvous, which torch's agent does not count as
+a restart) resumes from the newest checkpoint."""
 STOP_ENV = "REASONCTL_STOP_REQUESTED"
 """Set (to the signal's name) in a launcher that was asked to stop: workers started after
 that, by a restart, stop at once instead of training."""
@@ -188,7 +193,8 @@ def launch_workers(run_args: list[str], plan: LaunchPlan, *, output_dir: str) ->
                        # the group before it and can wait for peers that are gone
                        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
         report = FailureReport(plan)
-        with _environment(environment), StopForwarding() as stop, report.attached():
+        with (_environment(environment), StopForwarding() as stop, report.attached(),
+              _noting_the_first_group()):
             try:
                 code = _run_agent(run_args, plan, logs)
             except StoppedBeforeStart as stopped:
@@ -334,6 +340,27 @@ class StopForwarding:
                 os.kill(pid, signum)
             except ProcessLookupError:
                 pass
+
+
+@contextmanager
+def _noting_the_first_group() -> Iterator[None]:
+    """Set :data:`STARTED_ENV` once workers run (polled: a group lives far longer)."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.2):
+            if worker_pids():
+                os.environ[STARTED_ENV] = "1"
+                return
+
+    thread = threading.Thread(target=watch, name="reasonctl-first-group", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        os.environ.pop(STARTED_ENV, None)
 
 
 def worker_pids() -> list[int]:

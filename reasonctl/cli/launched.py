@@ -5,9 +5,10 @@ what happens before the run starts.
   launcher dies.
 - :func:`stop_requested`: a worker that a restart started after the launcher was asked to
   stop does not train.
-- :func:`resume_after_restart`: a worker of a restarted group (torch's agent sets
-  ``TORCHELASTIC_RESTART_COUNT``) resumes from the run's newest complete checkpoint and
-  says which restart this is and from which step.
+- :func:`resume_after_restart`: a worker of a group started again (a restart after a
+  failure, which torch's agent counts in ``TORCHELASTIC_RESTART_COUNT``, or a node joining
+  or leaving the rendezvous, which it does not count) resumes from the run's newest
+  complete checkpoint and says which restart this is and from which step.
 - :func:`node_config_differences`: the nodes of a multi-node run compare their configs
   through the rendezvous store before anything is built, and a difference is a usage error
   naming the keys.
@@ -26,7 +27,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from reasonctl.cli.launch import LAUNCHER_PID_ENV, NODE_RANK_ENV, STOP_ENV
+from reasonctl.cli.launch import LAUNCHER_PID_ENV, NODE_RANK_ENV, STARTED_ENV, STOP_ENV
 from reasonctl.core.config import RunConfig
 
 AGREEMENT_TIMEOUT_S = 300.0
@@ -98,18 +99,19 @@ def restart_count() -> int:
 
 
 def resume_after_restart(config: RunConfig) -> str | None:
-    """In a restarted group, resume ``config`` from the newest complete checkpoint of its
-    output directory (when there is one); the line that says so (``None`` on a first
+    """In a group started again, resume ``config`` from the newest complete checkpoint of
+    its output directory (when there is one); the line that says so (``None`` on the first
     start)."""
     from reasonctl.core.checkpoint import CheckpointManager
 
     restart = restart_count()
-    if restart == 0:
+    if restart == 0 and not os.environ.get(STARTED_ENV):
         return None
     limit = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "?")
     root = Path(config.run.output_dir) / "checkpoints"
     complete = CheckpointManager(root, keep=1, is_main=False).complete()
-    head = f"restart {restart} of {limit} (--max-restarts) after a worker failed"
+    head = (f"restart {restart} of {limit} (--max-restarts) after a worker failed" if restart
+            else "the worker group started again (a node joined or left the rendezvous)")
     if not complete:
         where = (f"from {config.run.resume}" if isinstance(config.run.resume, str)
                  else "from step 0")
@@ -137,8 +139,9 @@ def node_config_differences(config: RunConfig, *,
     store = _AGREEMENT_STORE = TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=hosts,
         multi_tenant=True, timeout=timedelta(seconds=timeout_s))
-    prefix = (f"reasonctl/config/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
-              f"{restart_count()}/{nodes}/")
+    # the launcher gives every round of the rendezvous a store of its own, so one prefix
+    # serves (restart counts differ between nodes: a node that left and joined again)
+    prefix = f"reasonctl/config/{nodes}/"
     if os.environ.get("LOCAL_RANK", "0") == "0":
         mine = {"host": socket.gethostname(), "launcher": os.environ.get(NODE_RANK_ENV, "?"),
                 "config": _flat(config.to_dict(redact=True))}

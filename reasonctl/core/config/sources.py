@@ -34,6 +34,7 @@ PROCESS_VARIABLES = frozenset({
     "REASONCTL_OUTPUT_LOCK",
     "REASONCTL_LAUNCHER_PID",
     "REASONCTL_NODE_RANK",
+    "REASONCTL_GROUP_STARTED",
     "REASONCTL_STOP_REQUESTED",
 })
 """``REASONCTL_*`` variables that steer the process and are not config keys. Config
