@@ -10,6 +10,9 @@ checkpoints or export) is run two ways in the same job, alternating:
   a free port): no launcher at all, the floor any launcher adds to.
 
 Both report wall time from start to exit; ``overhead_s`` is the difference of the medians.
+With ``--compare-tree DIR`` a third way, ``launcher@DIR``, runs the launcher of another
+checkout of reasonctl (``PYTHONPATH=DIR``; e.g. the commit before a launcher change) in the
+same alternation, and ``vs_tree_s`` is the difference of the two launchers' medians.
 With ``--restart``, one more launcher run (``--max-restarts 1``) SIGKILLs rank 1 once step
 ``--kill-step`` is logged and reports the time from the kill to the first step logged after
 the restart (``restart_s``: the group torn down, the rendezvous again, the workers rebuilt
@@ -17,6 +20,7 @@ and the checkpoint loaded).
 
     python -m bench.launch_overhead                     # CPU smoke: 2 processes, 4 steps
     python -m bench.launch_overhead --repeats 5 --steps 8 --restart
+    python -m bench.launch_overhead --compare-tree /tmp/reasonctl-before   # (git worktree)
     python -m bench.launch_overhead --device cuda --nproc 2 --restart   # two GPUs (NCCL)
 
 The last line printed is a JSON summary.
@@ -33,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +57,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--restart", action="store_true",
                         help="also measure one restart after a SIGKILL (--max-restarts 1)")
     parser.add_argument("--kill-step", type=int, default=3)
+    parser.add_argument("--compare-tree", default=None,
+                        help="another reasonctl checkout whose launcher runs in the same job")
     parser.add_argument("--out", default="outputs/bench_launch_overhead")
     return parser.parse_args()
 
@@ -69,12 +76,16 @@ def environ() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 
 
-def timed_launcher(args: argparse.Namespace, out: Path) -> float:
-    """Seconds of ``reasonctl run --nproc-per-node N`` from start to exit."""
+def timed_launcher(args: argparse.Namespace, out: Path, tree: str | None = None) -> float:
+    """Seconds of ``reasonctl run --nproc-per-node N`` from start to exit (with ``tree``:
+    that checkout's reasonctl)."""
     command = [sys.executable, "-m", "reasonctl",
                *run_args(args, out, "--nproc-per-node", str(args.nproc))]
+    env = environ()
+    if tree is not None:  # run from there: `python -m` puts the working directory first
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
     started = time.perf_counter()
-    proc = subprocess.run(command, cwd=REPO, env=environ(), capture_output=True, text=True)
+    proc = subprocess.run(command, cwd=tree or REPO, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"launcher run failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -150,10 +161,15 @@ def main() -> None:
     args = parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    times: dict[str, list[float]] = {"launcher": [], "direct": []}
+    ways: dict[str, Callable[[argparse.Namespace, Path], float]] = {
+        "launcher": timed_launcher, "direct": timed_direct}
+    if args.compare_tree:
+        tree = str(Path(args.compare_tree).resolve())
+        ways[f"launcher@{tree}"] = lambda a, o: timed_launcher(a, o, tree)
+    times: dict[str, list[float]] = {way: [] for way in ways}
     for repeat in range(args.repeats):
-        for way, timed in (("launcher", timed_launcher), ("direct", timed_direct)):
-            seconds = timed(args, out / f"{way}{repeat}")
+        for index, (way, timed) in enumerate(ways.items()):
+            seconds = timed(args, out / f"way{index}-{repeat}")
             times[way].append(seconds)
             log(f"{way} #{repeat}: {seconds:.2f} s")
     medians = {way: statistics.median(values) for way, values in times.items()}
@@ -162,6 +178,8 @@ def main() -> None:
         "device": args.device, "seconds": times, "median_s": medians,
         "overhead_s": medians["launcher"] - medians["direct"],
     }
+    if args.compare_tree:
+        summary["vs_tree_s"] = medians["launcher"] - medians[list(ways)[-1]]
     if args.restart:
         summary["restart"] = timed_restart(args, out / "restart")
         log(f"restart: {summary['restart']['restart_s']:.2f} s from the kill to the next step")

@@ -6,7 +6,8 @@ node 0's launcher against another launcher, a SIGKILLed worker restarted with
 ``--max-restarts`` resuming to the unbroken run's losses, and SIGTERM through the agent.
 
 The two-launcher runs are marked ``slow`` and the kills and signals ``faults`` (each their
-own CI step); the flag and rendezvous checks run in the default suite.
+own CI step); the flag and rendezvous checks run in the default suite. The last two tests
+repeat the restart and SIGTERM on two GPUs (NCCL) where there are two.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from reasonctl.core.checkpoint import CheckpointManager
@@ -367,5 +369,52 @@ def test_sigterm_through_the_agent_checkpoints_and_exits_0_without_a_restart(
     stopped = int(text.split("stopping at step ")[1].split()[0])
     assert "workers stopped on SIGTERM after their checkpoint" in text
     assert "restart" not in text and "Traceback" not in text
+    saved = CheckpointManager(out / "checkpoints", keep=1, is_main=True).complete()
+    assert [c.step for c in saved] == [stopped]
+
+
+# --- two GPUs (NCCL): run where two CUDA devices exist --------------------------------------
+
+needs_two_gpus = pytest.mark.skipif(not torch.cuda.is_available()
+                                    or torch.cuda.device_count() < 2,
+                                    reason="needs two CUDA GPUs (NCCL)")
+CUDA = ("--set", "backend.device='cuda'")
+
+
+@needs_two_gpus
+@pytest.mark.faults
+def test_on_two_gpus_a_killed_worker_restarts_to_the_unbroken_losses(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    config = write_run_files(tmp_path, tiny_model_dir)
+    code, output = finish(launcher(config, tmp_path / "unbroken", "--nproc-per-node", "2", *CUDA))
+    assert code == 0, output
+    out = tmp_path / "restarted"
+    started = time.monotonic()
+    code, output = finish(launcher(config, out, "--nproc-per-node", "2", "--max-restarts", "1",
+                                   *CUDA, env=kill_env(tmp_path, rank=1, step=5)))
+    assert code == 0, output
+    text = " ".join(output.split())
+    assert "was killed by SIGKILL" in text and "resuming from step 3" in text, text
+    assert_close_runs(out, tmp_path / "unbroken", range(1, 7), rel=1e-5)
+    print(f"restarted run: {time.monotonic() - started:.1f}s")
+
+
+@needs_two_gpus
+@pytest.mark.faults
+def test_on_two_gpus_sigterm_exits_0_after_the_checkpoint(tmp_path: Path,
+                                                          tiny_model_dir: Path) -> None:
+    config = write_run_files(tmp_path, tiny_model_dir)
+    out = tmp_path / "run"
+    proc = launcher(config, out, "--nproc-per-node", "2", *CUDA, "--set", "train.max_steps=400",
+                    "--set", "checkpoint.every_steps=0")
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, finish(proc)
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    code, output = finish(proc, timeout=300)
+    assert code == 0, output
+    stopped = int(" ".join(output.split()).split("stopping at step ")[1].split()[0])
     saved = CheckpointManager(out / "checkpoints", keep=1, is_main=True).complete()
     assert [c.step for c in saved] == [stopped]

@@ -214,6 +214,10 @@ def env_command(
 def main() -> None:
     """Console-script entry point."""
     common.install_redacting_excepthooks()
+    if not common.inside_launcher():
+        from reasonctl.cli.launch import preload_agent_for
+
+        preload_agent_for(sys.argv[1:])  # overlapped with loading the plugins
     strict = "--strict-plugins" in sys.argv[1:] or env_flag("REASONCTL_STRICT_PLUGINS")
     try:
         host = common.init_host(strict=strict)
