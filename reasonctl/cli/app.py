@@ -213,16 +213,15 @@ def env_command(
 
 def main() -> None:
     """Console-script entry point."""
-    common.install_redacting_excepthooks()
-    if not common.inside_launcher():
-        from reasonctl.cli.launch import preload_agent_for
+    from reasonctl.cli.launch import launcher_start_and_exit
 
-        preload_agent_for(sys.argv[1:])  # overlapped with loading the plugins
+    common.install_redacting_excepthooks()
     strict = "--strict-plugins" in sys.argv[1:] or env_flag("REASONCTL_STRICT_PLUGINS")
-    try:
-        host = common.init_host(strict=strict)
-    except Exception as exc:  # strict mode: a broken plugin is fatal
-        console.print(f"[red]error:[/] {escape(redact_text(str(exc)))}", highlight=False)
-        sys.exit(1)
-    app = build_app(host)
-    app()
+    with launcher_start_and_exit(sys.argv[1:]):
+        try:
+            host = common.init_host(strict=strict)
+        except Exception as exc:  # strict mode: a broken plugin is fatal
+            console.print(f"[red]error:[/] {escape(redact_text(str(exc)))}", highlight=False)
+            sys.exit(1)
+        app = build_app(host)
+        app()

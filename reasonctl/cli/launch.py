@@ -70,6 +70,8 @@ DEFAULT_RDZV_TIMEOUT_S = 900
 AGENT_SIGNALS = "SIGHUP,SIGQUIT"
 """Signals left to torch's agent (it stops the workers at once); the stop signals of
 :data:`~reasonctl.core.signals.STOP_SIGNALS` are reasonctl's (checkpoint, then exit 0)."""
+_LAUNCHED = False
+"""Whether this process ran :func:`launch_workers` (its exit may skip torch's teardown)."""
 _RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _HOST = re.compile(r"^[A-Za-z0-9_.:-]+$")
 
@@ -178,22 +180,39 @@ def plan_launch(*, nproc_per_node: int, nnodes: str, node_rank: int | None,
                       node_rank=rank, rdzv_timeout_s=rdzv_timeout_s)
 
 
-def preload_agent_for(argv: list[str]) -> None:
-    """When ``argv`` (``reasonctl``'s arguments) will start a launcher, start importing
-    torch's elastic agent in the background: most of a launcher's start-up, overlapped with
-    loading the plugins and the config."""
+@contextmanager
+def launcher_start_and_exit(argv: list[str]) -> Iterator[None]:
+    """Around the console command ``reasonctl argv...``: when it starts a launcher, import
+    torch's elastic agent in the background while the plugins and the config load (most of
+    a launcher's start-up), and once the launcher is done, exit without tearing torch down
+    (half a second; the workers have exited, the lock and temporary files are released)."""
     import importlib
 
+    from reasonctl.cli.common import inside_launcher
+
     flags = ("--nproc-per-node", "--nnodes", "--max-restarts")
-    if "run" not in argv[:2] or not any(a.split("=")[0] in flags for a in argv):
-        return
-    threading.Thread(target=importlib.import_module, args=("torch.distributed.launcher.api",),
-                     name="reasonctl-preload-agent", daemon=True).start()
+    launches = ("run" in argv[:2] and any(a.split("=")[0] in flags for a in argv)
+                and not inside_launcher())
+    if launches:
+        threading.Thread(target=importlib.import_module, args=("torch.distributed.launcher.api",),
+                         name="reasonctl-preload-agent", daemon=True).start()
+    try:
+        yield
+    except SystemExit as exc:
+        if not _LAUNCHED:
+            raise
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def launch_workers(run_args: list[str], plan: LaunchPlan, *, output_dir: str) -> int:
     """Run ``python -m reasonctl <run_args>`` on every local rank through torch's elastic
     agent; return the launcher's exit code."""
+    global _LAUNCHED
+    _LAUNCHED = True
     holds_lock = plan.node_rank == 0
     lock = (output_lock(Path(output_dir), log=_stderr, shared=True) if holds_lock
             else nullcontext(HELD_BY_NODE_0))
