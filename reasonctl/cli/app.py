@@ -213,15 +213,15 @@ def env_command(
 
 def main() -> None:
     """Console-script entry point."""
-    from reasonctl.cli.launch import launcher_start_and_exit
+    from reasonctl.cli.launch import exit_quickly_after_launch
 
     common.install_redacting_excepthooks()
     strict = "--strict-plugins" in sys.argv[1:] or env_flag("REASONCTL_STRICT_PLUGINS")
-    with launcher_start_and_exit(sys.argv[1:]):
-        try:
-            host = common.init_host(strict=strict)
-        except Exception as exc:  # strict mode: a broken plugin is fatal
-            console.print(f"[red]error:[/] {escape(redact_text(str(exc)))}", highlight=False)
-            sys.exit(1)
-        app = build_app(host)
+    try:
+        host = common.init_host(strict=strict)
+    except Exception as exc:  # strict mode: a broken plugin is fatal
+        console.print(f"[red]error:[/] {escape(redact_text(str(exc)))}", highlight=False)
+        sys.exit(1)
+    app = build_app(host)
+    with exit_quickly_after_launch():
         app()

@@ -181,21 +181,10 @@ def plan_launch(*, nproc_per_node: int, nnodes: str, node_rank: int | None,
 
 
 @contextmanager
-def launcher_start_and_exit(argv: list[str]) -> Iterator[None]:
-    """Around the console command ``reasonctl argv...``: when it starts a launcher, import
-    torch's elastic agent in the background while the plugins and the config load (most of
-    a launcher's start-up), and once the launcher is done, exit without tearing torch down
-    (half a second; the workers have exited, the lock and temporary files are released)."""
-    import importlib
-
-    from reasonctl.cli.common import inside_launcher
-
-    flags = ("--nproc-per-node", "--nnodes", "--max-restarts")
-    launches = ("run" in argv[:2] and any(a.split("=")[0] in flags for a in argv)
-                and not inside_launcher())
-    if launches:
-        threading.Thread(target=importlib.import_module, args=("torch.distributed.launcher.api",),
-                         name="reasonctl-preload-agent", daemon=True).start()
+def exit_quickly_after_launch() -> Iterator[None]:
+    """Around the console command: once a launcher is done, exit without tearing torch
+    down (half a second of a launch; the workers have exited and the lock and temporary
+    files are released by then)."""
     try:
         yield
     except SystemExit as exc:
