@@ -10,6 +10,9 @@ checkpoints or export) is run two ways in the same job, alternating:
   a free port): no launcher at all, the floor any launcher adds to.
 
 Both report wall time from start to exit; ``overhead_s`` is the difference of the medians.
+``first_worker_s`` is the time from the start of the command to its first worker process
+(the launcher's own start-up: config checks, output lock, importing and starting torch's
+agent, the rendezvous), a figure that the training time's noise does not reach.
 With ``--compare-tree DIR`` a third way, ``launcher@DIR``, runs the launcher of another
 checkout of reasonctl (``PYTHONPATH=DIR``; e.g. the commit before a launcher change) in the
 same alternation, and ``vs_tree_s`` is the difference of the two launchers' medians.
@@ -76,24 +79,47 @@ def environ() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 
 
-def timed_launcher(args: argparse.Namespace, out: Path, tree: str | None = None) -> float:
-    """Seconds of ``reasonctl run --nproc-per-node N`` from start to exit (with ``tree``:
-    that checkout's reasonctl)."""
+def timed_launcher(args: argparse.Namespace, out: Path, tree: str | None = None
+                   ) -> tuple[float, float]:
+    """Seconds of ``reasonctl run --nproc-per-node N`` from start to exit, and from start
+    to its first worker process (with ``tree``: that checkout's reasonctl)."""
     command = [sys.executable, "-m", "reasonctl",
                *run_args(args, out, "--nproc-per-node", str(args.nproc))]
     env = environ()
     if tree is not None:  # run from there: `python -m` puts the working directory first
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
     started = time.perf_counter()
-    proc = subprocess.run(command, cwd=tree or REPO, env=env, capture_output=True, text=True)
+    proc = subprocess.Popen(command, cwd=tree or REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    first_worker = None
+    while first_worker is None and proc.poll() is None:
+        if children(proc.pid):
+            first_worker = time.perf_counter() - started
+        time.sleep(0.01)
+    _, err = proc.communicate()
     elapsed = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise SystemExit(f"launcher run failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return elapsed
+    if proc.returncode != 0 or first_worker is None:
+        raise SystemExit(f"launcher run failed ({proc.returncode}):\n{err[-4000:]}")
+    return elapsed, first_worker
 
 
-def timed_direct(args: argparse.Namespace, out: Path) -> float:
-    """Seconds of the same workers started directly (static rendezvous, no launcher)."""
+def children(pid: int) -> list[int]:
+    """The running child processes of ``pid`` (from ``/proc``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if stat[stat.rfind(")") + 2:].split()[1] == str(pid):
+                found.append(int(entry.name))
+    return found
+
+
+def timed_direct(args: argparse.Namespace, out: Path) -> tuple[float, float]:
+    """Seconds of the same workers started directly (static rendezvous, no launcher), and
+    0 to the first worker."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -109,7 +135,7 @@ def timed_direct(args: argparse.Namespace, out: Path) -> float:
     elapsed = time.perf_counter() - started
     if any(codes):
         raise SystemExit(f"direct run failed {codes}:\n{workers[0].stderr.read()[-4000:]}")
-    return elapsed
+    return elapsed, 0.0
 
 
 KILL_SITE = """
@@ -161,22 +187,26 @@ def main() -> None:
     args = parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    ways: dict[str, Callable[[argparse.Namespace, Path], float]] = {
+    ways: dict[str, Callable[[argparse.Namespace, Path], tuple[float, float]]] = {
         "launcher": timed_launcher, "direct": timed_direct}
     if args.compare_tree:
         tree = str(Path(args.compare_tree).resolve())
         ways[f"launcher@{tree}"] = lambda a, o: timed_launcher(a, o, tree)
     times: dict[str, list[float]] = {way: [] for way in ways}
+    first: dict[str, list[float]] = {way: [] for way in ways}
     for repeat in range(args.repeats):
         for index, (way, timed) in enumerate(ways.items()):
-            seconds = timed(args, out / f"way{index}-{repeat}")
+            seconds, to_worker = timed(args, out / f"way{index}-{repeat}")
             times[way].append(seconds)
-            log(f"{way} #{repeat}: {seconds:.2f} s")
+            first[way].append(to_worker)
+            log(f"{way} #{repeat}: {seconds:.2f} s (first worker after {to_worker:.2f} s)")
     medians = {way: statistics.median(values) for way, values in times.items()}
     summary: dict[str, Any] = {
         "bench": "launch_overhead", **environment(), "nproc": args.nproc, "steps": args.steps,
         "device": args.device, "seconds": times, "median_s": medians,
         "overhead_s": medians["launcher"] - medians["direct"],
+        "first_worker_s": first,
+        "first_worker_median_s": {way: statistics.median(v) for way, v in first.items()},
     }
     if args.compare_tree:
         summary["vs_tree_s"] = medians["launcher"] - medians[list(ways)[-1]]

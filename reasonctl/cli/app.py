@@ -161,7 +161,7 @@ def run_command(
 
         prepare_worker(cfg)
     else:
-        from reasonctl.cli.launch import plan_launch
+        from reasonctl.cli.launch_plan import plan_launch
         from reasonctl.core.composition import preflight
 
         plan = plan_launch(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
