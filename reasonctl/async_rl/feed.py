@@ -21,6 +21,11 @@ when a restarted trainer could still use them (weights no newer than the last ch
 and are deleted otherwise. The prompt batches published but not yet trained are part of
 the algorithm's checkpoint state, so a resumed trainer publishes exactly what the
 interrupted one would have. Each trained step appends a row to the run's ``ledger``.
+
+While a rank waits, workers that join or stop heartbeating are named (within the
+heartbeat TTL). When no worker has been alive for ``wait_timeout_s`` on any rank, every rank
+stops the step before it starts (:class:`~reasonctl.core.errors.StopWithCheckpoint`): the
+runner checkpoints the steps done and the run ends saying how to start a worker and resume.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from typing import TYPE_CHECKING, Any
 from reasonctl.algorithms.rollouts import mix_seed, score_groups
 from reasonctl.async_rl.messages import PromptBatch, RolloutBatch, WeightVersion, group_ids
 from reasonctl.async_rl.weight_sync import wire_nbytes
-from reasonctl.core.errors import ReasonctlError
+from reasonctl.backends.distributed import mean_over_processes
+from reasonctl.core.errors import ReasonctlError, StopWithCheckpoint
 from reasonctl.core.protocols import environment_tools
 from reasonctl.data.datasets import shard
 from reasonctl.models.loading import compute_dtype
@@ -124,7 +130,16 @@ class RolloutFeed:
             self._publish(ctx, later)
             self.published_through = later
         waited = time.perf_counter()
-        entry_id, batch = self._await(ctx, step)
+        awaited = self._await(ctx, step)
+        if _any_rank(ctx, awaited is None):
+            raise StopWithCheckpoint(
+                f"no rollout worker has been alive for {self.settings.wait_timeout_s:g}s "
+                f"(rollout.workers.wait_timeout_s) while step {step + 1} waited for its "
+                f"rollouts; start one with `reasonctl worker rollout --redis "
+                f"{self.transport.url} --run {self.transport.run_id}` (or raise "
+                "rollout.workers.count).")
+        assert awaited is not None
+        entry_id, batch = awaited
         wait_s = time.perf_counter() - waited
         scored = time.perf_counter()
         groups = self._groups(ctx, step, batch)
@@ -150,19 +165,26 @@ class RolloutFeed:
     def _report(self, ctx: RunContext, step: int, batch: RolloutBatch, alive: list[str]
                 ) -> None:
         """Say (main process) which workers joined or stopped heartbeating since the last
-        step, and when a batch was taken over from a worker that stopped holding it."""
+        look, and when a batch was taken over from a worker that stopped holding it."""
+        self._note_workers(ctx, alive)
+        if batch.deliveries > 1:
+            ctx.info(f"step {step + 1}: prompt batch {batch.batch_id} was taken over from a "
+                     f"worker that stopped while holding it; {batch.worker} answered it "
+                     f"(delivery {batch.deliveries}), nothing lost or trained twice")
+
+    def _note_workers(self, ctx: RunContext, alive: list[str]) -> None:
+        """Name (main process) the workers that joined or stopped heartbeating."""
         names = set(alive)
         gone, joined = sorted(self.workers_seen - names), sorted(names - self.workers_seen)
         self.workers_seen = names
         if joined:
             ctx.info(f"rollout worker(s) joined: {', '.join(joined)} ({len(names)} alive)")
         if gone:
+            left = ("what they held goes to the others" if names else
+                    f"the run checkpoints and stops if none is alive for "
+                    f"{self.settings.wait_timeout_s:g}s (rollout.workers.wait_timeout_s)")
             ctx.info(f"rollout worker(s) stopped heartbeating: {', '.join(gone)} "
-                     f"({len(names)} alive; what they held goes to the others)")
-        if batch.deliveries > 1:
-            ctx.info(f"step {step + 1}: prompt batch {batch.batch_id} was taken over from a "
-                     f"worker that stopped while holding it; {batch.worker} answered it "
-                     f"(delivery {batch.deliveries}), nothing lost or trained twice")
+                     f"({len(names)} alive; {left})")
 
     def _stage(self, ctx: RunContext, version: WeightVersion) -> Metrics:
         """Hand weight ``version`` to the publisher; milliseconds and bytes on every rank."""
@@ -221,7 +243,9 @@ class RolloutFeed:
 
     # --- collecting -------------------------------------------------------------------------
 
-    def _await(self, ctx: RunContext, step: int) -> tuple[str, RolloutBatch]:
+    def _await(self, ctx: RunContext, step: int) -> tuple[str, RolloutBatch] | None:
+        """This step's rollouts, or ``None`` when no worker was alive for
+        ``wait_timeout_s``."""
         started = time.monotonic()
         alive_since = started
         noticed = False
@@ -232,17 +256,18 @@ class RolloutFeed:
             if step in self.buffer:
                 break
             now = time.monotonic()
-            if self.transport.live_workers():
+            alive = self.transport.live_workers()
+            self._note_workers(ctx, alive)
+            if alive:
                 alive_since = now
             elif now - alive_since > self.settings.wait_timeout_s:
-                raise ReasonctlError(
-                    f"no rollout worker has been alive for {self.settings.wait_timeout_s:g}s "
-                    f"(rollout.workers.wait_timeout_s); start one with `reasonctl worker "
-                    f"rollout --redis {self.transport.url} --run {self.transport.run_id}`")
+                return None
             if not noticed and now - started > NOTICE_AFTER_S and self.rank == 0:
                 noticed = True
+                wait = ("" if alive else f"; without one for "
+                        f"{self.settings.wait_timeout_s:g}s the run checkpoints and stops")
                 ctx.info(f"waiting for the rollouts of step {step + 1} "
-                         f"({len(self.transport.live_workers())} worker(s) alive)")
+                         f"({len(alive)} worker(s) alive{wait})")
         return self.buffer.pop(step)
 
     def _sort(self, entries: list[Any], step: int, ctx: RunContext | None = None) -> None:
@@ -322,3 +347,10 @@ class RolloutFeed:
         if path is not None and path.name.rsplit("_", 1)[-1].isdigit():
             committed = int(path.name.rsplit("_", 1)[-1])
         return max(committed, self.resumed_at or 0)
+
+
+
+def _any_rank(ctx: RunContext, flag: bool) -> bool:
+    """Whether ``flag`` is true on any trainer process (collective on every process)."""
+    assert ctx.backend is not None
+    return mean_over_processes({"flag/max": float(flag)}, ctx.backend.device)["flag/max"] > 0

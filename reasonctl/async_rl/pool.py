@@ -7,13 +7,17 @@ Built by the runner (:func:`reasonctl.runtime.composition.build_rollout_workers`
    127.0.0.1 with its append-only state in ``<output_dir>/redis`` (reused by ``--resume``);
 2. registers the run (id, config with secrets redacted, streams and consumer groups) and
    counts one more trainer *incarnation* (weight versions carry it);
-3. starts ``rollout.workers.count`` worker processes on this node and a trainer heartbeat,
-   and the weight publisher of ``rollout.workers.weight_sync``;
+3. starts ``rollout.workers.count`` worker processes on this node, kept running by a
+   :class:`~reasonctl.async_rl.supervisor.WorkerSupervisor` (a dead one is restarted,
+   bounded), a trainer heartbeat, and the weight publisher of
+   ``rollout.workers.weight_sync``;
 4. writes ``<output_dir>/rollout_workers.json`` (run id and Redis URL; ``--resume`` reuses
    the run id) and prints the command that lets workers on other nodes join.
 
-Every trainer process then connects to the same run. :meth:`RolloutWorkers.close` marks the
-run done (workers exit), stops what it started and keeps the Redis state on disk.
+Every trainer process then connects to the same run. :meth:`RolloutWorkers.close` marks a
+completed run done (every worker, started here or joined by hand, ends with exit 0; a Redis
+the run started is stopped only once they have left), stops what it started and keeps the
+Redis state on disk.
 """
 
 from __future__ import annotations
@@ -30,15 +34,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from reasonctl.async_rl.processes import LocalRedis, start_worker, stop_process
+from reasonctl.async_rl.processes import LocalRedis
+from reasonctl.async_rl.supervisor import WorkerSupervisor
 from reasonctl.async_rl.transport import Transport
 from reasonctl.async_rl.weight_sync import WeightPublisher, weight_dir
 from reasonctl.async_rl.weight_transfer import publisher_for
 from reasonctl.core.errors import ReasonctlError
 
 if TYPE_CHECKING:
-    import subprocess
-
     from reasonctl.core.config.placement import RolloutWorkersSection
     from reasonctl.core.protocols import RunContext
 
@@ -54,7 +57,7 @@ class RolloutWorkers:
     settings: RolloutWorkersSection
     publisher: WeightPublisher | None = None
     redis: LocalRedis | None = None
-    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    supervisor: WorkerSupervisor | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _heartbeat: threading.Thread | None = None
 
@@ -121,6 +124,8 @@ class RolloutWorkers:
                     self.transport.beat("trainer", "0", ttl)
                 except ReasonctlError:
                     pass  # the training loop reports a lost Redis on its next call
+                if self.supervisor is not None:
+                    self.supervisor.check()
                 self._stop.wait(ttl / 4)
 
         self.transport.beat("trainer", "0", ttl)
@@ -130,16 +135,19 @@ class RolloutWorkers:
     def _start_local_workers(self, ctx: RunContext, url: str) -> None:
         devices = worker_devices(ctx)
         tp = self.settings.tensor_parallel
+        supervisor = WorkerSupervisor(self.settings.max_restarts, ctx.info)
         for index in range(self.settings.count):
             group = devices[index * tp : (index + 1) * tp]
             log = ctx.output_dir / "workers" / f"worker{index}.log"
             device, env = worker_placement(group)
-            arguments = ["--redis", url, "--run", self.run_id, "--device", device,
-                         "--name", f"{socket.gethostname()}-{os.getpid()}-w{index}"]
-            self.processes.append(start_worker(arguments, log, env=env))
-        if self.processes:
-            ctx.info(f"started {len(self.processes)} rollout worker(s) on {', '.join(devices)} "
-                     f"(logs in {ctx.output_dir / 'workers'})")
+            arguments = ["--redis", url, "--run", self.run_id, "--device", device]
+            supervisor.start(f"{socket.gethostname()}-{os.getpid()}-w{index}", arguments, log,
+                             env=env)
+        self.supervisor = supervisor
+        if supervisor.workers:
+            ctx.info(f"started {len(supervisor.workers)} rollout worker(s) on "
+                     f"{', '.join(devices)} (logs in {ctx.output_dir / 'workers'}; each "
+                     f"restarted up to {self.settings.max_restarts} time(s) if it dies)")
 
     def close(self, status: str) -> None:
         """End of the run: a completed run is marked done (every worker exits); stop the
@@ -153,14 +161,22 @@ class RolloutWorkers:
                 completed = False
         if self.publisher is not None:
             self.publisher.close()
-        deadline = time.monotonic() + 15.0
-        for process in self.processes:  # a stopped run's workers wait for --resume elsewhere
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()) if completed else 0.01)
-            except Exception:
-                stop_process(process, 10.0)
+        if self.supervisor is not None:  # a stopped run's workers wait for --resume elsewhere
+            self.supervisor.close(finished=completed)
         if self.redis is not None:
+            if completed:
+                self._wait_for_workers_to_leave()
             self.redis.stop()
+
+    def _wait_for_workers_to_leave(self) -> None:
+        """Give the workers that joined by hand a heartbeat's time to see the run done and
+        leave before the Redis they talk to stops (a dead one's heartbeat expires by then)."""
+        deadline = time.monotonic() + self.settings.heartbeat_ttl_s
+        try:
+            while self.transport.live_workers() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        except ReasonctlError:
+            pass
 
 
 def worker_devices(ctx: RunContext) -> list[str]:

@@ -336,6 +336,14 @@ class Transport:
         pipe.execute()
 
     @_redis_errors
+    def leave(self, name: str) -> None:
+        """Worker ``name`` is done: it no longer counts as alive."""
+        pipe = self.client.pipeline()
+        pipe.delete(self.key("hb", "worker", name))
+        pipe.srem(self.key("workers"), name)
+        pipe.execute()
+
+    @_redis_errors
     def live_workers(self) -> list[str]:
         """Names of workers whose heartbeat has not expired."""
         names = sorted(_text(n) for n in self.client.smembers(self.key("workers")))

@@ -16,9 +16,12 @@ builds the configured rollout engine on its own device, and then, until the run 
    batch in one transaction. An exception is recorded and the batch is left to be
    redelivered (to this or another worker).
 
-A heartbeat thread keeps the worker's TTL key alive and refreshes the batch in progress so
-the janitor leaves it alone. The worker ends when the run is marked done, or when the
-trainer's heartbeat has been gone for ``wait_timeout_s``.
+A heartbeat thread keeps the worker's TTL key alive, refreshes the batch in progress so
+the janitor leaves it alone, and watches the run's state. The worker ends when the run is
+marked done (the trainer completed it: the worker leaves the run's live workers at once,
+so the trainer need not wait for its heartbeat to expire, and a Redis the trainer stops
+afterwards is no error), or when the trainer's heartbeat has been gone for
+``wait_timeout_s``.
 """
 
 from __future__ import annotations
@@ -92,6 +95,8 @@ class RolloutWorker:
         self._first_tried = False
         self._trainer_gone = False
         self._stop = threading.Event()
+        self.finished: str | None = None
+        """Why the run ended, once the heartbeat thread saw it end."""
 
     @classmethod
     def join(cls, url: str, run_id: str, *, host: PluginHost, device: str = "auto",
@@ -144,9 +149,16 @@ class RolloutWorker:
         _log(f"worker {self.name} joined run {self.transport.run_id} on {self.device}")
         try:
             while True:
-                state = self.transport.state()
+                if self.finished:
+                    return self.finished
+                try:
+                    state = self.transport.state()
+                except ReasonctlError:
+                    if self.finished:  # the trainer stopped its Redis after finishing
+                        return self.finished
+                    raise
                 if state != "running":
-                    return f"run {state}"
+                    return self._finish(state)
                 now = time.monotonic()
                 if self.transport.trainer_alive():
                     if self._trainer_gone:
@@ -164,9 +176,14 @@ class RolloutWorker:
                 if self.version is None and self.batches == 0 and not self._first_tried:
                     self._first_sync()
                     continue
-                entry = self._next_entry()
-                if entry is not None:
-                    self._serve(entry)
+                try:
+                    entry = self._next_entry()
+                    if entry is not None:
+                        self._serve(entry)
+                except ReasonctlError:
+                    if self.finished:
+                        return self.finished
+                    raise
         finally:
             self._stop.set()
             if self.receiver is not None:
@@ -274,15 +291,32 @@ class RolloutWorker:
         self.version = version
         return (time.perf_counter() - started) * 1000
 
+    def _finish(self, state: str) -> str:
+        """The run is no longer running: leave its live workers; why the worker ends."""
+        if self.finished is None:
+            self.finished = ("the run finished (its trainer completed it)" if state == "done"
+                             else f"the run ended ({state})")
+            try:
+                self.transport.leave(self.name)
+            except ReasonctlError:
+                pass  # Redis already stopped: nothing counts this worker as alive any more
+        return self.finished
+
     def _beat(self) -> None:
         ttl = self.settings.heartbeat_ttl_s
         while not self._stop.wait(ttl / 4):
             try:
+                state = self.transport.state()
+                if state != "running":
+                    self._finish(state)
+                    return
                 self.transport.beat("worker", self.name, ttl)
                 current = self.current
                 if current is not None:
                     self.transport.keep_alive(self.name, current)
             except ReasonctlError as exc:
+                if self.finished:
+                    return
                 _log(f"heartbeat failed: {exc}")
 
 

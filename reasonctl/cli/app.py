@@ -129,12 +129,28 @@ def run_command(
     nproc_per_node: Annotated[
         int, typer.Option("--nproc-per-node", min=1, help="Processes per node.")
     ] = 1,
-    nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Number of nodes.")] = 1,
-    node_rank: Annotated[int, typer.Option("--node-rank", min=0, help="This node's rank.")] = 0,
+    nnodes: Annotated[
+        str, typer.Option("--nnodes", help="Nodes: N, or MIN:MAX for an elastic run.")
+    ] = "1",
+    node_rank: Annotated[
+        int | None, typer.Option("--node-rank", min=0,
+                                 help="This node's rank (multi-node; 0 holds the output lock).")
+    ] = None,
     rdzv_endpoint: Annotated[
         str | None,
-        typer.Option("--rdzv-endpoint", help="HOST:PORT of the rendezvous (multi-node)."),
+        typer.Option("--rdzv-endpoint", help="HOST:PORT of the rendezvous (multi-node).")
     ] = None,
+    rdzv_id: Annotated[
+        str | None, typer.Option("--rdzv-id", help="Rendezvous id, the same on every node "
+                                 "(default: from the output directory).")
+    ] = None,
+    rdzv_timeout: Annotated[
+        int, typer.Option("--rdzv-timeout", min=1, help="Seconds to wait for the nodes.")
+    ] = 900,
+    max_restarts: Annotated[
+        int, typer.Option("--max-restarts", min=0, help="Restarts of the worker group after "
+                          "a failure (each resumes from the newest checkpoint).")
+    ] = 0,
 ) -> None:
     """Train: SFT, GRPO or any installed algorithm, as configured."""
     from reasonctl.core.config.loading import InvalidConfigError
@@ -148,34 +164,35 @@ def run_command(
             raise
         from reasonctl.runtime.composition import with_preflight_problems
 
-        raise with_preflight_problems(exc, common.host().registry,
-                                      processes=nproc_per_node * nnodes) from None
-    launched = nproc_per_node > 1 or nnodes > 1
-    if launched and cfg.backend.name == "single":
-        fail("the 'single' backend runs one process; use --backend fsdp (or megatron) with "
-             "--nproc-per-node > 1", code=2)
-    if not common.inside_launcher():  # the launching process already checked
+        raise with_preflight_problems(exc, common.host().registry) from None
+    if common.inside_launcher():  # a worker: the launcher checked the flags and layout
+        from reasonctl.cli.launched import prepare_worker
+
+        prepare_worker(cfg)
+    else:
+        from reasonctl.cli.launch_plan import plan_launch
         from reasonctl.runtime.composition import preflight
 
-        # the layout of every process this command starts, before any of them starts
-        preflight(cfg, common.host().registry, processes=nproc_per_node * nnodes)
-    if launched and not common.inside_launcher():
-        from reasonctl.cli.launch import launch_workers
+        plan = plan_launch(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+                           rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
+                           max_restarts=max_restarts, rdzv_timeout_s=rdzv_timeout,
+                           output_dir=cfg.run.output_dir)
+        counts = plan.process_counts()
+        if max(counts) > 1 and cfg.backend.name == "single":
+            fail("the 'single' backend runs one process; use --backend fsdp (or megatron) with "
+                 "--nproc-per-node > 1", code=2)
+        for processes in counts:  # the layout of every process count the run may have
+            preflight(cfg, common.host().registry, processes=processes)
+        if max(counts) > 1 or plan.max_restarts > 0:
+            from reasonctl.cli.launch import launch_workers
 
-        forwarded = common.forwarded_run_args(algo, backend, config, set_, output_dir, resume,
-                                              resume_with_changes)
-        raise typer.Exit(launch_workers(forwarded, nproc_per_node, nnodes, node_rank,
-                                        rdzv_endpoint, output_dir=cfg.run.output_dir))
-    if common.inside_launcher():
-        from reasonctl.cli.launch import follow_launcher
-
-        follow_launcher()
+            forwarded = common.forwarded_run_args(algo, backend, config, set_, output_dir,
+                                                  resume, resume_with_changes)
+            raise typer.Exit(launch_workers(forwarded, plan, output_dir=cfg.run.output_dir))
     from reasonctl.runtime.runner import run
 
     result = run(cfg, host=common.host())
     common.report_result(result)
-
-
 
 
 # --- env -----------------------------------------------------------------------------------
@@ -205,6 +222,8 @@ def env_command(
 
 def main() -> None:
     """Console-script entry point."""
+    from reasonctl.cli.launch import exit_quickly_after_launch
+
     common.install_redacting_excepthooks()
     strict = "--strict-plugins" in sys.argv[1:] or env_flag("REASONCTL_STRICT_PLUGINS")
     try:
@@ -213,4 +232,5 @@ def main() -> None:
         console.print(f"[red]error:[/] {escape(redact_text(str(exc)))}", highlight=False)
         sys.exit(1)
     app = build_app(host)
-    app()
+    with exit_quickly_after_launch():
+        app()

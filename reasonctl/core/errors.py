@@ -174,6 +174,13 @@ class NonFiniteError(ReasonctlError):
     """A loss, gradient norm or weight is NaN or infinite."""
 
 
+class StopWithCheckpoint(ReasonctlError):
+    """A part of the run cannot go on for now; raised alike on every process at the start of
+    a step (before anything of it changed). The runner checkpoints the steps done, then the
+    run fails with this message and that checkpoint's place, so ``--resume`` continues
+    once the cause is fixed."""
+
+
 def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
     """The closest candidate to ``name`` or ``None`` when nothing is close."""
     matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)

@@ -1,17 +1,22 @@
 """One writer per output directory: ``<output_dir>/.reasonctl.lock``.
 
 The lock is an advisory ``flock`` on that file, held for the whole run by its main
-process (or by the launcher of a multi-process run, whose workers find its token in
-:data:`HOLDER_ENV`). The file records the holder's host, process id and start time, so a
-second run is refused with a message saying who writes there. The operating system
+process (or by the launcher of a multi-process run and its workers, which find its token
+in :data:`HOLDER_ENV`). The file records the holder's host, process id and start time, so
+a second run is refused with a message saying who writes there. The operating system
 releases the lock when its holder dies, however it dies: a run started after a crash takes
 the lock over (and says so); nothing needs cleaning up by hand. On file systems without
 ``flock`` support the holder's record is used instead: a live process on this host keeps
 the directory, anything else is taken over.
 
-A launcher passes the locked file to its workers (:func:`held_fd`): the ``flock`` belongs
-to the open file, so the directory stays locked until the last worker has exited, even
-when the launcher itself was killed and its workers are still writing a final checkpoint.
+A launcher takes the lock exclusively, writes its record, then keeps it *shared*
+(``output_lock(..., shared=True)``); each worker it starts joins with a shared lock of its
+own (:func:`output_lock` with the token inherited). Another run asks for the lock
+exclusively and is refused while any of them holds it: the directory stays locked until
+the last worker has exited, across restarts of the workers and even when the launcher
+itself was killed and its workers are still writing a final checkpoint. The launchers of
+the other nodes of a multi-node run set :data:`HOLDER_ENV` to :data:`HELD_BY_NODE_0`: the
+launcher of node rank 0 holds the lock for the whole run.
 """
 
 from __future__ import annotations
@@ -32,8 +37,8 @@ from reasonctl.core.errors import UsageError
 LOCK_FILE = ".reasonctl.lock"
 HOLDER_ENV = "REASONCTL_OUTPUT_LOCK"
 """Token of the lock a launcher holds for its workers."""
-_HELD: dict[str, int] = {}
-"""The locked file descriptor of each lock this process holds, by token."""
+HELD_BY_NODE_0 = "node-0"
+""":data:`HOLDER_ENV` of the workers of a node other than node 0 of a multi-node run."""
 
 
 class OutputDirInUse(UsageError):
@@ -41,18 +46,24 @@ class OutputDirInUse(UsageError):
 
 
 @contextmanager
-def output_lock(output_dir: Path, *, log: Callable[[str], None]) -> Iterator[str]:
+def output_lock(output_dir: Path, *, log: Callable[[str], None],
+                shared: bool = False) -> Iterator[str]:
     """Hold the lock of ``output_dir`` (created if needed) while the block runs.
 
-    Yields the lock's token (pass it to child processes as :data:`HOLDER_ENV`). Inside a
-    process whose environment carries the current holder's token, the lock is already
-    held for it and is not taken again. Raises :class:`OutputDirInUse` when another live
-    run holds it.
+    Yields the lock's token (pass it to child processes as :data:`HOLDER_ENV`). With
+    ``shared``, the lock is kept shared once taken, so that those processes can join it.
+    Inside a process whose environment carries the current holder's token, the lock is
+    joined (shared) rather than taken; with :data:`HELD_BY_NODE_0` it is left to node 0.
+    Raises :class:`OutputDirInUse` when another live run holds it.
     """
     path = Path(output_dir) / LOCK_FILE
     inherited = os.environ.get(HOLDER_ENV)
-    if inherited and read_holder(path).get("token") == inherited:
+    if inherited == HELD_BY_NODE_0:
         yield inherited
+        return
+    if inherited and read_holder(path).get("token") == inherited:
+        with _joined(path):
+            yield inherited
         return
     try:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
@@ -68,20 +79,54 @@ def output_lock(output_dir: Path, *, log: Callable[[str], None]) -> Iterator[str
         token = uuid.uuid4().hex
         _write(fd, {"host": socket.gethostname(), "pid": os.getpid(),
                     "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "token": token})
-        _HELD[token] = fd
+        if shared:
+            _share(fd, path)
         try:
             yield token
         finally:
-            del _HELD[token]
             _write(fd, {})
     finally:
-        os.close(fd)  # releases the flock (unless child processes share the file)
+        os.close(fd)  # releases this process's flock
 
 
-def held_fd(token: str) -> int | None:
-    """The locked file descriptor of the lock ``token`` this process holds (to pass to
-    child processes, which then keep the directory locked while they run)."""
-    return _HELD.get(token)
+def joins_a_launcher_lock() -> bool:
+    """Whether this process was started by a launcher that holds the output lock for it
+    (every such process joins the lock, not only rank 0)."""
+    return bool(os.environ.get(HOLDER_ENV))
+
+
+@contextmanager
+def _joined(path: Path) -> Iterator[None]:
+    """A shared lock on ``path`` next to the launcher's, held while the block runs."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _in_use(path, read_holder(path)) from None
+        except OSError as exc:
+            if exc.errno not in _NO_FLOCK:
+                raise
+        yield
+    finally:
+        os.close(fd)
+
+
+def _share(fd: int, path: Path) -> None:
+    """Turn the exclusive lock on ``fd`` into a shared one. ``flock`` may release the lock
+    for a moment while converting it: another run taking it then is reported as the
+    holder, exactly as if it had come first."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _in_use(path, read_holder(path)) from None
+    except OSError as exc:
+        if exc.errno not in _NO_FLOCK:
+            raise
 
 
 def read_holder(path: Path) -> dict[str, Any]:
@@ -91,6 +136,10 @@ def read_holder(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+"""``flock`` errors of file systems that do not support it."""
 
 
 def _acquire(fd: int, path: Path) -> dict[str, Any]:
@@ -104,7 +153,7 @@ def _acquire(fd: int, path: Path) -> dict[str, Any]:
     except BlockingIOError:
         raise _in_use(path, read_holder(path)) from None
     except OSError as exc:
-        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        if exc.errno not in _NO_FLOCK:
             raise
         if _alive_here(holder):  # no flock on this file system: trust a live holder
             raise _in_use(path, holder) from None
@@ -141,5 +190,5 @@ def _write(fd: int, record: dict[str, Any]) -> None:
     os.fsync(fd)
 
 
-__all__ = ["HOLDER_ENV", "LOCK_FILE", "OutputDirInUse", "held_fd", "output_lock",
-           "read_holder"]
+__all__ = ["HELD_BY_NODE_0", "HOLDER_ENV", "LOCK_FILE", "OutputDirInUse", "joins_a_launcher_lock",
+           "output_lock", "read_holder"]

@@ -29,8 +29,13 @@ from typing import Any
 
 from reasonctl.core.checkpoint import CheckpointInfo, CheckpointManager, load_rng_state
 from reasonctl.core.config import RunConfig, redact_text
-from reasonctl.core.errors import NonFiniteError, ReasonctlError, RunAbandonedError
-from reasonctl.core.output_lock import output_lock
+from reasonctl.core.errors import (
+    NonFiniteError,
+    ReasonctlError,
+    RunAbandonedError,
+    StopWithCheckpoint,
+)
+from reasonctl.core.output_lock import joins_a_launcher_lock, output_lock
 from reasonctl.core.plugins import PluginHost
 from reasonctl.core.protocols import (
     Algorithm,
@@ -89,12 +94,14 @@ def run(config: RunConfig, *, host: PluginHost, progress: bool = True) -> RunRes
 
     ``host`` holds the plugins, loaded once by the caller (the CLI, or :func:`reasonctl.run`,
     which adds run-local plugins to it first). The main process holds the output
-    directory's lock (:mod:`reasonctl.core.output_lock`) and stop signals are handled
-    (:mod:`reasonctl.core.signals`) from the start until the run returns.
+    directory's lock (:mod:`reasonctl.core.output_lock`; every process of a launcher that
+    holds it joins it) and stop signals are handled (:mod:`reasonctl.core.signals`) from
+    the start until the run returns.
     """
     stop = StopRequest()
     output_dir = Path(config.run.output_dir)
-    lock = output_lock(output_dir, log=_stderr) if env_rank() == 0 else nullcontext()
+    locks = env_rank() == 0 or joins_a_launcher_lock()
+    lock = output_lock(output_dir, log=_stderr) if locks else nullcontext()
     with stop_signals(stop), lock:
         return _run(config, host, progress, stop)
 
@@ -239,7 +246,10 @@ def _loop(ctx: RunContext, algorithm: Algorithm, loggers: list[Logger], uploader
         return metrics
     while ctx.step < ctx.total_steps:
         started = time.perf_counter()
-        metrics = dict(algorithm.step(ctx))
+        try:
+            metrics = dict(algorithm.step(ctx))
+        except StopWithCheckpoint as exc:
+            raise _checkpointed(ctx, algorithm, uploader, exc) from exc
         ctx.step += 1
         metrics.setdefault("step_time_s", time.perf_counter() - started)
         if isinstance(ctx.backend, ReportsMemory):
@@ -271,6 +281,25 @@ def _loop(ctx: RunContext, algorithm: Algorithm, loggers: list[Logger], uploader
             ctx.info(f"stopping at step {ctx.step} on {ctx.stop_signal}")
             break
     return metrics
+
+
+def _checkpointed(ctx: RunContext, algorithm: Algorithm, uploader: Any,
+                  stop: StopWithCheckpoint) -> StopWithCheckpoint:
+    """Checkpoint the steps done (unless the newest checkpoint holds them); the error that
+    ends the run, saying where that checkpoint is and how to go on."""
+    assert ctx.checkpoints is not None
+    ctx.checkpoints.wait()
+    newest = ctx.checkpoints.last_committed
+    if ctx.step == 0:
+        return StopWithCheckpoint(f"{stop} No step was trained, so nothing was saved; start "
+                                  "the run again once that is fixed.")
+    if newest != ctx.checkpoints.step_dir(ctx.step):
+        _save_checkpoint(ctx, algorithm, uploader)
+        ctx.checkpoints.wait()
+        newest = ctx.checkpoints.last_committed
+    return StopWithCheckpoint(f"{stop} The {ctx.step} step(s) done are saved in {newest}; "
+                              "once that is fixed, the same command with --resume continues "
+                              "from there.")
 
 
 def _nonfinite(metrics: Metrics) -> str:

@@ -71,6 +71,11 @@ class RolloutWorkersSection(Section):
         default=10.0, gt=0,
         description="A worker silent this long is dead: its prompt batches go to others.",
     )
+    max_restarts: int = Field(
+        default=3, ge=0,
+        description="Restarts of each worker `reasonctl run` started, when it dies while the "
+        "run goes on (one that exits with a usage error is not restarted).",
+    )
     max_deliveries: int = Field(
         default=3, gt=0,
         description="Deliveries of one prompt batch before it goes to the dead-letter "

@@ -36,6 +36,9 @@ PROCESS_VARIABLES = frozenset({
     "REASONCTL_CACHE",
     "REASONCTL_OUTPUT_LOCK",
     "REASONCTL_LAUNCHER_PID",
+    "REASONCTL_NODE_RANK",
+    "REASONCTL_GROUP_STARTED",
+    "REASONCTL_STOP_REQUESTED",
 })
 """``REASONCTL_*`` variables that steer the process and are not config keys. Config
 variables always hold ``__`` (``REASONCTL_<SECTION>__<KEY>``); a name without it is never
