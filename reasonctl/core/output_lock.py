@@ -98,26 +98,18 @@ def joins_a_launcher_lock() -> bool:
 @contextmanager
 def _joined(path: Path) -> Iterator[None]:
     """A shared lock on ``path`` next to the launcher's, held while the block runs."""
-    import fcntl
-
     fd = os.open(path, os.O_RDONLY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise _in_use(path, read_holder(path)) from None
-        except OSError as exc:
-            if exc.errno not in _NO_FLOCK:
-                raise
+        _share(fd, path)
         yield
     finally:
         os.close(fd)
 
 
 def _share(fd: int, path: Path) -> None:
-    """Turn the exclusive lock on ``fd`` into a shared one. ``flock`` may release the lock
-    for a moment while converting it: another run taking it then is reported as the
-    holder, exactly as if it had come first."""
+    """Take a shared lock on ``fd``, or turn its exclusive lock into a shared one. ``flock``
+    may release the lock for a moment while converting it: another run taking it then is
+    reported as the holder, exactly as if it had come first."""
     import fcntl
 
     try:

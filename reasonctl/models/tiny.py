@@ -90,10 +90,30 @@ def tiny_qwen2_config(vocab_size: int, **overrides: Any) -> Any:
 
 def make_tiny_model_dir(path: str | Path, *, seed: int = 0, **config_overrides: Any) -> Path:
     """Save a randomly initialised tiny Qwen2 model and its tokenizer to ``path``."""
-    import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    path = Path(path)
+    model, tokenizer = _random_tiny_qwen2(AutoModelForCausalLM, seed, **config_overrides)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    return _save(path, model, tokenizer)
+
+
+def make_tiny_reward_model_dir(path: str | Path, *, seed: int = 0, num_labels: int = 1) -> Path:
+    """Save a randomly initialised tiny Qwen2 sequence-classification model (a reward
+    model with ``num_labels`` outputs) and its tokenizer to ``path``."""
+    from transformers import AutoModelForSequenceClassification
+
+    model, tokenizer = _random_tiny_qwen2(AutoModelForSequenceClassification, seed,
+                                          num_labels=num_labels)
+    return _save(path, model, tokenizer)
+
+
+def _random_tiny_qwen2(model_class: Any, seed: int, **config_overrides: Any) -> tuple[Any, Any]:
+    """A tiny Qwen2 ``model_class`` with weights drawn from ``seed`` (the global RNG is left
+    as it was), and its tokenizer."""
+    import torch
+
     tokenizer = build_tiny_tokenizer()
     config = tiny_qwen2_config(len(tokenizer), **config_overrides)
     config.eos_token_id = tokenizer.eos_token_id
@@ -102,36 +122,14 @@ def make_tiny_model_dir(path: str | Path, *, seed: int = 0, **config_overrides: 
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        model = AutoModelForCausalLM.from_config(config)
+        model = model_class.from_config(config)
     finally:
         torch.random.set_rng_state(generator_state)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
-    )
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return model, tokenizer
 
 
-def make_tiny_reward_model_dir(path: str | Path, *, seed: int = 0, num_labels: int = 1) -> Path:
-    """Save a randomly initialised tiny Qwen2 sequence-classification model (a reward
-    model with ``num_labels`` outputs) and its tokenizer to ``path``."""
-    import torch
-    from transformers import AutoModelForSequenceClassification
-
+def _save(path: str | Path, model: Any, tokenizer: Any) -> Path:
     path = Path(path)
-    tokenizer = build_tiny_tokenizer()
-    config = tiny_qwen2_config(len(tokenizer), num_labels=num_labels)
-    config.pad_token_id = tokenizer.pad_token_id
-    config.eos_token_id = tokenizer.eos_token_id
-    config.bos_token_id = None
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        model = AutoModelForSequenceClassification.from_config(config)
-    finally:
-        torch.random.set_rng_state(generator_state)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
