@@ -314,3 +314,7 @@ class PolicyBatch(TrainBatch, total=False):
     engine_logprobs: torch.Tensor
     old_logprobs: torch.Tensor
     ref_logprobs: torch.Tensor
+    shared_prompt: Any
+    """In a shared-prompt batch (``reasonctl.shared_prompt_micro_batches``): the packed row
+    the model runs (each prompt once, followed by its completions); the other keys keep the
+    padded rows' layout."""
